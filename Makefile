@@ -1,0 +1,131 @@
+# mha - build, test, demo, install.
+#
+#   make demo     build and run the seed walkthrough
+#   make test     build and run every test
+#   make SAN=1 test   the same under AddressSanitizer + UBSan
+#   make install PREFIX=/usr/local
+#
+# Optional dependencies are detected: OpenMP (threads), OpenBLAS's CBLAS
+# (projections), libcjson (safetensors headers), libpng (viz).  Each has a
+# built-in fallback or a clear "unsupported" error.
+
+CC      ?= cc
+PREFIX  ?= /usr/local
+SAN     ?=
+COV     ?=
+
+VERSION := $(shell sed -n 's/^\#define MHA_VERSION_STRING "\(.*\)"/\1/p' include/mha.h)
+SOMAJOR := $(firstword $(subst ., ,$(VERSION)))
+
+ifeq ($(SAN),1)
+  BUILD ?= build-san
+  OPT   := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+  LDSAN := -fsanitize=address,undefined
+else ifeq ($(COV),1)
+  BUILD ?= build-cov
+  OPT   := -O0 -g --coverage
+  LDSAN := --coverage
+else
+  BUILD ?= build
+  OPT   := -O2 -g
+  LDSAN :=
+endif
+
+WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
+CFLAGS_ := -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -fPIC -Iinclude $(CFLAGS)
+LDLIBS_ := -lm
+
+# ---- optional dependencies (probed once per make run) -------------------------
+HASH := \#
+probe = $(shell printf '$(2)\nint main(void){return 0;}\n' | $(CC) -x c - -o /dev/null $(1) 2>/dev/null && echo yes)
+
+HAVE_OPENMP := $(call probe,-fopenmp,)
+ifeq ($(HAVE_OPENMP),yes)
+  CFLAGS_ += -fopenmp
+  LDLIBS_ += -fopenmp
+endif
+HAVE_CBLAS := $(call probe,-lopenblas,$(HASH)include <cblas.h>)
+ifeq ($(HAVE_CBLAS),yes)
+  CFLAGS_ += -DMHA_HAVE_CBLAS
+  LDLIBS_ += -lopenblas
+endif
+HAVE_CJSON := $(call probe,-lcjson,$(HASH)include <cjson/cJSON.h>)
+ifeq ($(HAVE_CJSON),yes)
+  CFLAGS_ += -DMHA_HAVE_CJSON
+  LDLIBS_ += -lcjson
+endif
+HAVE_PNG := $(call probe,-lpng,$(HASH)include <png.h>)
+ifeq ($(HAVE_PNG),yes)
+  CFLAGS_ += -DMHA_HAVE_PNG
+  LDLIBS_ += -lpng
+endif
+
+# ---- sources -------------------------------------------------------------------
+LIB_SRC   := $(wildcard src/*.c src/io/*.c src/kernels/*.c)
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CLI_SRC   := $(wildcard cli/*.c)
+CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
+TEST_SRC  := $(wildcard tests/unit/*.c)
+TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/%.o)
+
+STATIC := $(BUILD)/libmha.a
+SHARED := $(BUILD)/libmha.so.$(VERSION)
+CLI    := $(BUILD)/mha
+TESTS  := $(BUILD)/mha-tests
+
+.PHONY: all lib cli test demo install clean deps bench fixtures
+all: lib cli
+
+lib: $(STATIC) $(SHARED)
+cli: $(CLI)
+
+# ISA flags only on the kernel files that need them.
+$(BUILD)/src/kernels/%_avx2.o: CFLAGS_ += -mavx2 -mfma
+$(BUILD)/src/%.o: CFLAGS_ += -fvisibility=hidden -DMHA_BUILDING_LIBRARY
+
+$(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h src/*/*.h tests/unit/*.h cli/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_) -c $< -o $@
+
+$(STATIC): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(SHARED): $(LIB_OBJ)
+	$(CC) -shared -Wl,-soname,libmha.so.$(SOMAJOR) -o $@ $^ $(LDSAN) $(LDLIBS_)
+	ln -sf libmha.so.$(VERSION) $(BUILD)/libmha.so.$(SOMAJOR)
+	ln -sf libmha.so.$(SOMAJOR) $(BUILD)/libmha.so
+
+$(CLI): $(CLI_OBJ) $(STATIC)
+	$(CC) -o $@ $(CLI_OBJ) $(STATIC) $(LDSAN) $(LDLIBS_)
+
+$(TESTS): $(TEST_OBJ) $(STATIC)
+	$(CC) -o $@ $(TEST_OBJ) $(STATIC) $(LDSAN) $(LDLIBS_)
+
+deps:
+	@sh tools/deps.sh
+
+demo: deps
+	@$(MAKE) --no-print-directory cli
+	$(CLI) demo
+
+test: deps
+	@$(MAKE) --no-print-directory lib cli $(TESTS)
+	@MHA_BUILD=$(BUILD) CC="$(CC)" sh tests/run.sh
+
+install: lib cli
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -m 644 include/mha.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libmha.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libmha.so.$(SOMAJOR)
+	ln -sf libmha.so.$(SOMAJOR) $(DESTDIR)$(PREFIX)/lib/libmha.so
+	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' \
+	    -e 's|@LIBS@|$(LDLIBS_)|' tools/mha.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/mha.pc
+
+fixtures:
+	/usr/bin/python3 tests/fixtures/gen_fixtures.py
+
+clean:
+	rm -rf build build-san build-cov

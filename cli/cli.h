@@ -1,0 +1,21 @@
+/* cli.h - the `mha` command: one function per subcommand.
+ * The CLI is a thin client of include/mha.h: parsing and printing only.
+ * Exit codes: 0 success, 2 bad input (arguments, files, shapes), 1 internal
+ * failure (out of memory, i/o error while writing). */
+#ifndef MHA_CLI_H
+#define MHA_CLI_H
+
+#include "mha.h"
+
+enum { CLI_OK = 0, CLI_INTERNAL = 1, CLI_BAD_INPUT = 2 };
+
+int cli_demo(int argc, char **argv);
+int cli_forward(int argc, char **argv);
+int cli_attention(int argc, char **argv);
+int cli_bench(int argc, char **argv);
+int cli_viz(int argc, char **argv);
+
+/* Maps a library status to an exit code and prints "mha CMD: msg" to stderr. */
+int cli_fail(const char *cmd, mha_status st, const char *context);
+
+#endif

@@ -1,0 +1,308 @@
+/*
+ * mha.h - multi-head attention and the Transformer block, in C.
+ *
+ * OVERVIEW
+ *   mha computes scaled dot-product attention (SDPA), torch.nn.MultiheadAttention
+ *   and the Transformer encoder/decoder layers in float32, with the semantics of
+ *   the references people already trust (PyTorch, ONNX), to fp32 rounding.
+ *
+ *   Tensors are passed as views (mha_tensor): a data pointer, a dtype, up to
+ *   4 dimensions and strides in elements.  The library never keeps a pointer to
+ *   a caller's tensor after a call returns, never prints, never exits.
+ *
+ * LETTER LEGEND (used in every shape comment)
+ *   B batch, H (or Hq) query heads, Hkv key/value heads, L query length,
+ *   S key length, E (or D) model width, d head dim of Q and K, dv head dim of V.
+ *
+ * A MINIMAL EXAMPLE
+ *
+ *     float q[1*1*3*4], k[1*1*5*4], v[1*1*5*4], o[1*1*3*4];   // filled by you
+ *     mha_tensor Q, K, V, O;
+ *     mha_tensor_init(&Q, MHA_F32, q, 4, (int64_t[]){1, 1, 3, 4});
+ *     mha_tensor_init(&K, MHA_F32, k, 4, (int64_t[]){1, 1, 5, 4});
+ *     mha_tensor_init(&V, MHA_F32, v, 4, (int64_t[]){1, 1, 5, 4});
+ *     mha_tensor_init(&O, MHA_F32, o, 4, (int64_t[]){1, 1, 3, 4});
+ *     mha_sdpa_options opt;
+ *     mha_sdpa_options_init(&opt);
+ *     opt.causal = MHA_CAUSAL_TOP_LEFT;
+ *     if (mha_sdpa_forward(&O, &Q, &K, &V, &opt) != MHA_OK)
+ *         fprintf(stderr, "mha: %s\n", mha_last_error());
+ *
+ * ERRORS
+ *   Every fallible function returns an mha_status.  On failure a thread-local
+ *   message names the offending argument and its shape; read it with
+ *   mha_last_error().  Outputs are not written half-way: validation happens
+ *   before any output element is touched (an allocation failure in the middle
+ *   of a call may leave an output partly written, and returns MHA_ERR_NOMEM).
+ *
+ * OWNERSHIP
+ *   Views never own memory.  mha_tensor_alloc() gives a view whose data the
+ *   caller frees with mha_tensor_free().  Objects made by *_create() are freed
+ *   by the matching *_free(), which accepts NULL.
+ *
+ * THREADS
+ *   All functions are reentrant; concurrent calls on shared read-only weights
+ *   are safe.  Inside a call mha uses OpenMP (when built with it) with
+ *   mha_set_num_threads() threads; results are bit-identical for any thread
+ *   count.  The caller's floating-point environment is left as it was found.
+ */
+#ifndef MHA_H
+#define MHA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MHA_VERSION_MAJOR 0
+#define MHA_VERSION_MINOR 1
+#define MHA_VERSION_PATCH 0
+#define MHA_VERSION_STRING "0.1.0"
+
+#if defined(MHA_BUILDING_LIBRARY) && defined(__GNUC__)
+#define MHA_API __attribute__((visibility("default")))
+#else
+#define MHA_API
+#endif
+
+/* Library version as "MAJOR.MINOR.PATCH" (the one linked, not the header's). */
+MHA_API const char *mha_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status codes (stable values: never renumbered)                           */
+/* ------------------------------------------------------------------------ */
+
+typedef enum mha_status {
+    MHA_OK = 0,
+    MHA_ERR_NULL = 1,        /* a required pointer argument is NULL            */
+    MHA_ERR_SHAPE = 2,       /* shapes do not fit together                     */
+    MHA_ERR_DTYPE = 3,       /* a tensor has a dtype the argument cannot take   */
+    MHA_ERR_VALUE = 4,       /* an option value is invalid (non-finite, range) */
+    MHA_ERR_OVERFLOW = 5,    /* a size product overflows                       */
+    MHA_ERR_NOMEM = 6,       /* allocation failed                              */
+    MHA_ERR_IO = 7,          /* a read or write failed                         */
+    MHA_ERR_FORMAT = 8,      /* a file is corrupt, truncated or unsupported    */
+    MHA_ERR_ALIAS = 9,       /* an output overlaps an input                    */
+    MHA_ERR_UNSUPPORTED = 10 /* valid request this build cannot serve          */
+} mha_status;
+
+/* A fixed English name for a status ("shape mismatch"); never NULL. */
+MHA_API const char *mha_status_string(mha_status status);
+
+/* Detail of the last failure on this thread ("key_padding_mask: shape (2,7)
+ * but key length is 9").  Empty string when nothing failed yet. */
+MHA_API const char *mha_last_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Tensor views                                                              */
+/* ------------------------------------------------------------------------ */
+
+#define MHA_MAX_DIMS 4
+
+typedef enum mha_dtype {
+    MHA_F32 = 0,  /* float                                       */
+    MHA_BOOL = 1, /* uint8_t, 0 = false, anything else = true    */
+    MHA_F16 = 2,  /* IEEE half, storage only (files)              */
+    MHA_I64 = 3   /* int64_t (sequence lengths)                   */
+} mha_dtype;
+
+typedef struct mha_tensor {
+    void *data;                       /* first element                    */
+    mha_dtype dtype;
+    int ndim;                         /* 0..MHA_MAX_DIMS                   */
+    int64_t shape[MHA_MAX_DIMS];      /* sizes, >= 0                       */
+    int64_t stride[MHA_MAX_DIMS];     /* in elements, may be 0 (broadcast) */
+} mha_tensor;
+
+/* Size in bytes of one element of dtype. */
+MHA_API size_t mha_dtype_size(mha_dtype dtype);
+
+/* A contiguous (row-major) view of data with the given shape.
+ * Fails with MHA_ERR_SHAPE for ndim out of range or negative sizes and
+ * MHA_ERR_OVERFLOW when the element count or byte count overflows. */
+MHA_API mha_status mha_tensor_init(mha_tensor *t, mha_dtype dtype, void *data,
+                                   int ndim, const int64_t *shape);
+
+/* Allocates a zero-filled contiguous tensor; free with mha_tensor_free(). */
+MHA_API mha_status mha_tensor_alloc(mha_tensor *t, mha_dtype dtype, int ndim,
+                                    const int64_t *shape);
+MHA_API void mha_tensor_free(mha_tensor *t);
+
+/* Number of elements (product of the shape); checked for overflow. */
+MHA_API mha_status mha_tensor_numel(const mha_tensor *t, int64_t *numel);
+
+/* ------------------------------------------------------------------------ */
+/* Execution control                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Threads used inside each call (0 = OpenMP's default).  Results do not
+ * depend on it.  Process-wide. */
+MHA_API void mha_set_num_threads(int n);
+MHA_API int mha_get_num_threads(void);
+
+/* Attention kernels.  MHA_KERNEL_AUTO picks the fastest one the CPU runs;
+ * the environment variable MHA_KERNEL=ref|scalar|avx2 overrides AUTO. */
+typedef enum mha_kernel {
+    MHA_KERNEL_AUTO = 0,
+    MHA_KERNEL_REF = 1,    /* naive loops, float64 accumulation           */
+    MHA_KERNEL_SCALAR = 2, /* fused tiled online-softmax, portable C       */
+    MHA_KERNEL_AVX2 = 3    /* fused tiled online-softmax, AVX2 + FMA       */
+} mha_kernel;
+
+/* Name of a kernel ("ref", "scalar", "avx2"); "auto" for AUTO. */
+MHA_API const char *mha_kernel_name(mha_kernel kernel);
+/* The kernel AUTO resolves to on this CPU and environment. */
+MHA_API mha_kernel mha_kernel_resolve(mha_kernel requested);
+
+/* ------------------------------------------------------------------------ */
+/* Scaled dot-product attention                                              */
+/* ------------------------------------------------------------------------ */
+
+/* Where the causal diagonal sits when L != S. */
+typedef enum mha_causal {
+    MHA_CAUSAL_NONE = 0,
+    MHA_CAUSAL_TOP_LEFT = 1,     /* key j masked when j > i (PyTorch is_causal) */
+    MHA_CAUSAL_BOTTOM_RIGHT = 2, /* j > i + S - L (FlashAttention >= 2.1)        */
+    MHA_CAUSAL_OFFSET = 3        /* j > i + causal_offset                        */
+} mha_causal;
+
+/* What a true element of a boolean mask means. */
+typedef enum mha_mask_polarity {
+    MHA_TRUE_KEEPS = 0, /* true = attend (SDPA, ONNX)                   */
+    MHA_TRUE_MASKS = 1  /* true = masked out (nn.MultiheadAttention)    */
+} mha_mask_polarity;
+
+/* Output of a query row whose every key is masked. */
+typedef enum mha_masked_rows {
+    MHA_MASKED_ROWS_ZERO = 0, /* output 0, weights 0 (SDPA, ONNX, FlashAttention) */
+    MHA_MASKED_ROWS_NAN = 1   /* output NaN, weights NaN (PyTorch MHA)          */
+} mha_masked_rows;
+
+typedef struct mha_sdpa_options {
+    int scale_set;          /* 0: scale = 1/sqrt(d)                          */
+    float scale;            /* used when scale_set; must be finite            */
+
+    mha_causal causal;
+    int64_t causal_offset;  /* for MHA_CAUSAL_OFFSET                         */
+
+    /* Optional attention mask, broadcast right-aligned to (B,Hq,L,S).
+     * MHA_BOOL: boolean with mask_polarity; MHA_F32: added to the scores. */
+    const mha_tensor *mask;
+    mha_mask_polarity mask_polarity;     /* default MHA_TRUE_KEEPS        */
+
+    /* Optional key padding mask (B,S), MHA_BOOL (with its own polarity) or
+     * MHA_F32 (added).  Combined with mask and causal. */
+    const mha_tensor *key_padding_mask;
+    mha_mask_polarity key_padding_polarity; /* default MHA_TRUE_MASKS     */
+
+    mha_masked_rows masked_rows;         /* default MHA_MASKED_ROWS_ZERO */
+
+    /* Dropout on the attention weights, applied only when training != 0.
+     * The keep decision for (b, h, i, j) is a pure function of
+     * (seed, b, h, i, j): independent of tiling and threads. */
+    int training;
+    float dropout_p;        /* in [0, 1)                                    */
+    uint64_t seed;
+
+    /* Optional output: attention weights (B,Hq,L,S), after dropout. */
+    mha_tensor *weights;
+
+    mha_kernel kernel;      /* default MHA_KERNEL_AUTO                       */
+} mha_sdpa_options;
+
+/* Defaults: scale 1/sqrt(d), no mask, no causal, zeros for masked rows. */
+MHA_API void mha_sdpa_options_init(mha_sdpa_options *opt);
+
+/* out (B,Hq,L,dv) = softmax(q k^T * scale + masks) v
+ *   q (B,Hq,L,d)  k (B,Hkv,S,d)  v (B,Hkv,S,dv), Hq a multiple of Hkv:
+ *   query head h reads kv head h / (Hq/Hkv) (contiguous groups).
+ * Any strides are accepted; out must not overlap an input.
+ * B or L = 0 gives an empty output; S = 0 gives fully masked rows. */
+MHA_API mha_status mha_sdpa_forward(mha_tensor *out, const mha_tensor *q,
+                                    const mha_tensor *k, const mha_tensor *v,
+                                    const mha_sdpa_options *opt);
+
+/* ------------------------------------------------------------------------ */
+/* Multi-head attention, exactly torch.nn.MultiheadAttention(batch_first)   */
+/* ------------------------------------------------------------------------ */
+
+/* Parameters in PyTorch's layout and names.  Either in_proj_weight (packed,
+ * when kdim == vdim == E) or the three separate projection weights. */
+typedef struct mha_multihead_weights {
+    const mha_tensor *in_proj_weight;  /* (3E,E), rows q|k|v, or NULL       */
+    const mha_tensor *q_proj_weight;   /* (E,E)    when in_proj_weight NULL */
+    const mha_tensor *k_proj_weight;   /* (E,kdim)                          */
+    const mha_tensor *v_proj_weight;   /* (E,vdim)                          */
+    const mha_tensor *in_proj_bias;    /* (3E) or NULL (bias=False)          */
+    const mha_tensor *out_proj_weight; /* (E,E)                             */
+    const mha_tensor *out_proj_bias;   /* (E) or NULL                        */
+    const mha_tensor *bias_k;          /* (E) or (1,1,E), with bias_v, or NULL */
+    const mha_tensor *bias_v;          /* (E) or (1,1,E)                     */
+} mha_multihead_weights;
+
+typedef struct mha_multihead_options {
+    int64_t num_heads;               /* H, must divide E                    */
+    int add_zero_attn;               /* append a zero key/value (S += 1)     */
+
+    /* Masks with PyTorch MHA conventions: MHA_BOOL true = masked,
+     * MHA_F32 added to the scores.
+     * key_padding_mask (B,S), unbatched (S).
+     * attn_mask (L,S) or (B*H,L,S) index b*H+h; unbatched (L,S) or (H,L,S).
+     * With add_bias_kv / add_zero_attn the masks cover the caller's S and
+     * the extra columns are attended. */
+    const mha_tensor *key_padding_mask;
+    const mha_tensor *attn_mask;
+    int causal;                      /* tril(ones(L,S)), combined with masks */
+
+    mha_masked_rows masked_rows;     /* default MHA_MASKED_ROWS_ZERO        */
+
+    /* need_weights: averaged (B,L,S') or per head (B,H,L,S'),
+     * S' = S + (bias_k != NULL) + add_zero_attn; unbatched drops B. */
+    mha_tensor *weights;             /* NULL: need_weights=False            */
+    int average_weights;             /* default 1                           */
+
+    int training;
+    float dropout_p;
+    uint64_t seed;
+
+    mha_kernel kernel;
+} mha_multihead_options;
+
+MHA_API void mha_multihead_options_init(mha_multihead_options *opt);
+
+/* out (B,L,E) = MultiheadAttention(query, key, value)
+ *   query (B,L,E), key (B,S,kdim), value (B,S,vdim); unbatched drops B
+ *   (query (L,E), key (S,kdim), value (S,vdim), out (L,E)).
+ *   key == query and value == query (same pointer or same view) is
+ *   self-attention and uses one fused projection. */
+MHA_API mha_status mha_multihead_forward(mha_tensor *out, const mha_tensor *query,
+                                         const mha_tensor *key, const mha_tensor *value,
+                                         const mha_multihead_weights *w,
+                                         const mha_multihead_options *opt);
+
+/* ------------------------------------------------------------------------ */
+/* Files                                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* Reads a .npy file (versions 1.0-3.0, little-endian, C order; dtypes
+ * <f4 <f8 <f2 |b1 |u1 <i4 <i8).  want = MHA_F32 converts numbers to float;
+ * want = MHA_BOOL converts to boolean (nonzero = true); want = MHA_I64
+ * converts integers.  The result is owned: free with mha_tensor_free(). */
+MHA_API mha_status mha_npy_load(const char *path, mha_dtype want, mha_tensor *out);
+
+/* As mha_npy_load, but keeps the file's kind: floats become MHA_F32,
+ * bool/u1/i4/i8 become MHA_BOOL when as_mask is set, else ints MHA_I64. */
+MHA_API mha_status mha_npy_load_any(const char *path, int as_mask, mha_tensor *out,
+                                    mha_dtype *file_dtype);
+
+/* Writes t (MHA_F32, MHA_F16 or MHA_BOOL; any strides) as .npy version 1.0,
+ * byte-identical to numpy.save.  When t is MHA_F32 and as is MHA_F16 the
+ * values are rounded to half. */
+MHA_API mha_status mha_npy_save(const char *path, const mha_tensor *t, mha_dtype as);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MHA_H */

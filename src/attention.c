@@ -1,0 +1,234 @@
+/* attention.c - scaled dot-product attention: options, validation, dispatch.
+ *
+ * Letter legend: B batch, Hq query heads, Hkv key/value heads, L query
+ * length, S key length, d head dim of q/k, dv head dim of v.
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ---- threads and kernels ---------------------------------------------- */
+
+static _Atomic int requested_threads;
+
+void mha_set_num_threads(int n) { requested_threads = n > 0 ? n : 0; }
+
+int mha_get_num_threads(void) { return mha_threads(); }
+
+int mha_threads(void) {
+    int n = requested_threads;
+#ifdef _OPENMP
+    if (n <= 0)
+        n = omp_get_max_threads();
+#endif
+    return n > 0 ? n : 1;
+}
+
+const char *mha_kernel_name(mha_kernel kernel) {
+    switch (kernel) {
+    case MHA_KERNEL_AUTO: return "auto";
+    case MHA_KERNEL_REF: return "ref";
+    case MHA_KERNEL_SCALAR: return "scalar";
+    case MHA_KERNEL_AVX2: return "avx2";
+    }
+    return "unknown";
+}
+
+mha_kernel mha_kernel_resolve(mha_kernel requested) {
+    if (requested != MHA_KERNEL_AUTO)
+        return requested;
+    const char *env = getenv("MHA_KERNEL");
+    if (env && strcmp(env, "ref") == 0)
+        return MHA_KERNEL_REF;
+    if (env && strcmp(env, "scalar") == 0)
+        return MHA_KERNEL_SCALAR;
+    if (env && strcmp(env, "avx2") == 0)
+        return MHA_KERNEL_AVX2;
+    return mha_attn_best_kernel();
+}
+
+/* ---- dropout hash ------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+float mha_dropout_uniform(uint64_t seed, int64_t b, int64_t h, int64_t i, int64_t j) {
+    uint64_t x = splitmix64(seed);
+    x = splitmix64(x ^ (uint64_t)b);
+    x = splitmix64(x ^ (uint64_t)h);
+    x = splitmix64(x ^ (uint64_t)i);
+    x = splitmix64(x ^ (uint64_t)j);
+    return (float)(x >> 40) * (1.0f / 16777216.0f); /* 24 random bits */
+}
+
+/* ---- bias --------------------------------------------------------------- */
+
+float mha_attn_bias(const mha_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j) {
+    if (p->causal != MHA_CAUSAL_NONE && j > i + p->causal_offset)
+        return -INFINITY;
+    float bias = 0.0f;
+    if (p->mask.data) {
+        int64_t idx[4] = {b, h, i, j};
+        bias += mha_mask_value(&p->mask, mha_offset(&p->mask, idx), p->mask_polarity);
+    }
+    if (p->kpm.data) {
+        int64_t idx[4] = {b, h, i, j};
+        bias += mha_mask_value(&p->kpm, mha_offset(&p->kpm, idx), p->kpm_polarity);
+    }
+    return bias;
+}
+
+/* ---- the public entry --------------------------------------------------- */
+
+void mha_sdpa_options_init(mha_sdpa_options *opt) {
+    if (!opt)
+        return;
+    memset(opt, 0, sizeof *opt);
+    opt->mask_polarity = MHA_TRUE_KEEPS;
+    opt->key_padding_polarity = MHA_TRUE_MASKS;
+    opt->masked_rows = MHA_MASKED_ROWS_ZERO;
+    opt->kernel = MHA_KERNEL_AUTO;
+}
+
+mha_status mha_attn_check_common(mha_attn_problem *p, mha_masked_rows masked_rows, int training,
+                                 float dropout_p, uint64_t seed) {
+    MHA_CHECK(masked_rows == MHA_MASKED_ROWS_ZERO || masked_rows == MHA_MASKED_ROWS_NAN,
+              MHA_ERR_VALUE, "masked_rows: unknown policy %d", (int)masked_rows);
+    MHA_CHECK(isfinite(dropout_p) && dropout_p >= 0.0f && dropout_p < 1.0f, MHA_ERR_VALUE,
+              "dropout_p: %g is not in [0, 1)", (double)dropout_p);
+    p->masked_rows = masked_rows;
+    p->dropout = training && dropout_p > 0.0f;
+    p->dropout_p = dropout_p;
+    p->seed = seed;
+    return MHA_OK;
+}
+
+static mha_status check_polarity(mha_mask_polarity pol, const char *name) {
+    MHA_CHECK(pol == MHA_TRUE_KEEPS || pol == MHA_TRUE_MASKS, MHA_ERR_VALUE,
+              "%s: unknown polarity %d", name, (int)pol);
+    return MHA_OK;
+}
+
+mha_status mha_sdpa_forward(mha_tensor *out, const mha_tensor *q, const mha_tensor *k,
+                            const mha_tensor *v, const mha_sdpa_options *opt) {
+    mha_sdpa_options defaults;
+    if (!opt) {
+        mha_sdpa_options_init(&defaults);
+        opt = &defaults;
+    }
+    MHA_TRY(mha_check_tensor(q, "q", 4, MHA_F32));
+    MHA_TRY(mha_check_tensor(k, "k", 4, MHA_F32));
+    MHA_TRY(mha_check_tensor(v, "v", 4, MHA_F32));
+    MHA_TRY(mha_check_tensor(out, "out", 4, MHA_F32));
+
+    char s1[MHA_SHAPE_BUF], s2[MHA_SHAPE_BUF];
+    mha_attn_problem p;
+    memset(&p, 0, sizeof p);
+    p.B = q->shape[0];
+    p.Hq = q->shape[1];
+    p.L = q->shape[2];
+    p.d = q->shape[3];
+    p.Hkv = k->shape[1];
+    p.S = k->shape[2];
+    p.dv = v->shape[3];
+    MHA_CHECK(k->shape[0] == p.B && k->shape[3] == p.d, MHA_ERR_SHAPE,
+              "k: shape %s does not fit q %s (want (B,Hkv,S,d))", mha_shape_str(k, s1, sizeof s1),
+              mha_shape_str(q, s2, sizeof s2));
+    MHA_CHECK(v->shape[0] == p.B && v->shape[1] == p.Hkv && v->shape[2] == p.S, MHA_ERR_SHAPE,
+              "v: shape %s does not fit k %s (want (B,Hkv,S,dv))", mha_shape_str(v, s1, sizeof s1),
+              mha_shape_str(k, s2, sizeof s2));
+    MHA_CHECK(p.d > 0, MHA_ERR_SHAPE, "q: head dim d is 0 in shape %s",
+              mha_shape_str(q, s1, sizeof s1));
+    MHA_CHECK(p.Hkv > 0 || p.Hq == 0, MHA_ERR_SHAPE, "k: 0 kv heads for %lld query heads",
+              (long long)p.Hq);
+    MHA_CHECK(p.Hkv == 0 || p.Hq % p.Hkv == 0, MHA_ERR_SHAPE,
+              "k: %lld kv heads do not divide %lld query heads", (long long)p.Hkv,
+              (long long)p.Hq);
+    MHA_CHECK(out->shape[0] == p.B && out->shape[1] == p.Hq && out->shape[2] == p.L &&
+                  out->shape[3] == p.dv,
+              MHA_ERR_SHAPE, "out: shape %s, want (%lld,%lld,%lld,%lld)",
+              mha_shape_str(out, s1, sizeof s1), (long long)p.B, (long long)p.Hq,
+              (long long)p.L, (long long)p.dv);
+    MHA_CHECK(!mha_tensors_overlap(out, q) && !mha_tensors_overlap(out, k) &&
+                  !mha_tensors_overlap(out, v),
+              MHA_ERR_ALIAS, "out: overlaps an input");
+
+    if (opt->scale_set) {
+        MHA_CHECK(isfinite(opt->scale), MHA_ERR_VALUE, "scale: %g is not finite",
+                  (double)opt->scale);
+        p.scale = opt->scale;
+    } else {
+        p.scale = (float)(1.0 / sqrt((double)p.d));
+    }
+    switch (opt->causal) {
+    case MHA_CAUSAL_NONE: break;
+    case MHA_CAUSAL_TOP_LEFT: p.causal_offset = 0; break;
+    case MHA_CAUSAL_BOTTOM_RIGHT: p.causal_offset = p.S - p.L; break;
+    case MHA_CAUSAL_OFFSET: p.causal_offset = opt->causal_offset; break;
+    default: return mha_error(MHA_ERR_VALUE, "causal: unknown mode %d", (int)opt->causal);
+    }
+    p.causal = opt->causal;
+
+    int64_t full[4] = {p.B, p.Hq, p.L, p.S};
+    if (opt->mask) {
+        MHA_TRY(check_polarity(opt->mask_polarity, "mask_polarity"));
+        MHA_TRY(mha_broadcast4(opt->mask, "mask", full, &p.mask));
+        MHA_CHECK(!mha_tensors_overlap(out, opt->mask), MHA_ERR_ALIAS, "out: overlaps mask");
+        p.mask_polarity = opt->mask_polarity;
+    }
+    if (opt->key_padding_mask) {
+        const mha_tensor *m = opt->key_padding_mask;
+        MHA_TRY(check_polarity(opt->key_padding_polarity, "key_padding_polarity"));
+        MHA_CHECK(m->ndim == 2 && m->shape[0] == p.B && m->shape[1] == p.S, MHA_ERR_SHAPE,
+                  "key_padding_mask: shape %s, want (B,S) = (%lld,%lld)",
+                  mha_shape_str(m, s1, sizeof s1), (long long)p.B, (long long)p.S);
+        mha_tensor as4 = *m;
+        as4.ndim = 4;
+        as4.shape[0] = p.B, as4.shape[1] = 1, as4.shape[2] = 1, as4.shape[3] = p.S;
+        as4.stride[3] = m->stride[1], as4.stride[0] = m->stride[0];
+        as4.stride[1] = as4.stride[2] = 0;
+        MHA_TRY(mha_broadcast4(&as4, "key_padding_mask", full, &p.kpm));
+        MHA_CHECK(!mha_tensors_overlap(out, m), MHA_ERR_ALIAS, "out: overlaps key_padding_mask");
+        p.kpm_polarity = opt->key_padding_polarity;
+    }
+    if (opt->weights) {
+        MHA_TRY(mha_check_tensor(opt->weights, "weights", 4, MHA_F32));
+        const mha_tensor *w = opt->weights;
+        MHA_CHECK(w->shape[0] == p.B && w->shape[1] == p.Hq && w->shape[2] == p.L &&
+                      w->shape[3] == p.S,
+                  MHA_ERR_SHAPE, "weights: shape %s, want (%lld,%lld,%lld,%lld)",
+                  mha_shape_str(w, s1, sizeof s1), (long long)p.B, (long long)p.Hq,
+                  (long long)p.L, (long long)p.S);
+        MHA_CHECK(!mha_tensors_overlap(w, q) && !mha_tensors_overlap(w, k) &&
+                      !mha_tensors_overlap(w, v) && !mha_tensors_overlap(w, out) &&
+                      !mha_tensors_overlap(w, opt->mask) &&
+                      !mha_tensors_overlap(w, opt->key_padding_mask),
+                  MHA_ERR_ALIAS, "weights: overlaps another argument");
+        p.weights = *w;
+    }
+    MHA_TRY(mha_attn_check_common(&p, opt->masked_rows, opt->training, opt->dropout_p, opt->seed));
+    p.q = *q, p.k = *k, p.v = *v, p.o = *out;
+    return mha_attn_run(&p, opt->kernel);
+}
+
+mha_status mha_attn_run(const mha_attn_problem *p, mha_kernel kernel) {
+    if (p->B == 0 || p->Hq == 0 || p->L == 0)
+        return MHA_OK; /* empty output, nothing to compute */
+    switch (mha_kernel_resolve(kernel)) {
+    case MHA_KERNEL_REF: return mha_attn_fwd_f32_ref(p);
+    case MHA_KERNEL_SCALAR: return mha_attn_fwd_f32_scalar(p);
+    case MHA_KERNEL_AVX2: return mha_attn_fwd_f32_avx2(p);
+    case MHA_KERNEL_AUTO: break;
+    }
+    return mha_error(MHA_ERR_VALUE, "kernel: unknown kernel %d", (int)kernel);
+}

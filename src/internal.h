@@ -1,0 +1,172 @@
+/* internal.h - shared helpers of the library; never installed. */
+#ifndef MHA_INTERNAL_H
+#define MHA_INTERNAL_H
+
+#include "mha.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define MHA_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define MHA_HIDDEN __attribute__((visibility("hidden")))
+#else
+#define MHA_PRINTF(f, a)
+#define MHA_HIDDEN
+#endif
+
+/* ---- errors -------------------------------------------------------------- */
+
+/* Records a formatted message for mha_last_error() and returns status. */
+mha_status mha_error(mha_status status, const char *fmt, ...) MHA_PRINTF(2, 3);
+
+/* The one checking macro: records the message and returns the status. */
+#define MHA_CHECK(cond, status, ...) \
+    do {                             \
+        if (!(cond))                 \
+            return mha_error((status), __VA_ARGS__); \
+    } while (0)
+
+/* Propagates a failing status. */
+#define MHA_TRY(expr)                      \
+    do {                                   \
+        mha_status mha_try_s_ = (expr);    \
+        if (mha_try_s_ != MHA_OK)          \
+            return mha_try_s_;             \
+    } while (0)
+
+/* Formats a tensor's shape as "(2,7,4)" into buf; returns buf. */
+const char *mha_shape_str(const mha_tensor *t, char *buf, size_t size);
+#define MHA_SHAPE_BUF 96
+
+/* ---- allocation ---------------------------------------------------------- */
+
+/* All library allocations go through these, so tests can inject failures.
+ * mha_malloc returns 64-byte aligned memory; free it with mha_free. */
+void *mha_malloc(size_t bytes);
+void *mha_calloc(size_t count, size_t size);
+void mha_free(void *p);
+
+/* Test hook (exported for the test suite only, under an mha_test_ prefix):
+ * fail the k-th allocation from now on (k >= 1), and every later one when
+ * persistent.  k = 0 disables injection.  Returns allocations so far. */
+MHA_API void mha_test_fail_alloc(int64_t k, int persistent);
+MHA_API int64_t mha_test_alloc_count(void);
+
+/* ---- checked arithmetic -------------------------------------------------- */
+
+static inline bool mha_mul_overflows(int64_t a, int64_t b, int64_t *r) {
+    return __builtin_mul_overflow(a, b, r);
+}
+static inline bool mha_size_mul_overflows(size_t a, size_t b, size_t *r) {
+    return __builtin_mul_overflow(a, b, r);
+}
+
+/* Product of the first n sizes into *r; false on overflow. */
+bool mha_product(const int64_t *sizes, int n, int64_t *r);
+
+/* ---- tensor checks ------------------------------------------------------- */
+
+/* Validates a tensor argument: non-NULL view and data (unless empty),
+ * exact rank, dtype.  name is used in messages. */
+mha_status mha_check_tensor(const mha_tensor *t, const char *name, int ndim, mha_dtype dtype);
+
+/* Checks that the view's largest offset fits in memory arithmetic. */
+mha_status mha_check_extent(const mha_tensor *t, const char *name);
+
+/* True when the memory spans of a and b overlap. */
+bool mha_tensors_overlap(const mha_tensor *a, const mha_tensor *b);
+
+/* True when a and b view the same elements with the same layout. */
+bool mha_tensors_same(const mha_tensor *a, const mha_tensor *b);
+
+/* Element offset of index idx (ndim entries). */
+static inline int64_t mha_offset(const mha_tensor *t, const int64_t *idx) {
+    int64_t off = 0;
+    for (int i = 0; i < t->ndim; i++)
+        off += idx[i] * t->stride[i];
+    return off;
+}
+
+/* A view of t with its dims right-aligned to 4 and broadcast to want
+ * (B,H,L,S): size-1 or missing dims get stride 0.  Fails with a message
+ * naming `name` when a dim is neither 1 nor equal. */
+mha_status mha_broadcast4(const mha_tensor *t, const char *name, const int64_t want[4],
+                          mha_tensor *view);
+
+/* Reads element `off` of a mask view as an additive float:
+ * f32 as is; bool through polarity (masked -> -inf, kept -> 0). */
+static inline float mha_mask_value(const mha_tensor *m, int64_t off, mha_mask_polarity pol) {
+    if (m->dtype == MHA_F32)
+        return ((const float *)m->data)[off];
+    bool truth = ((const uint8_t *)m->data)[off] != 0;
+    bool masked = (pol == MHA_TRUE_MASKS) ? truth : !truth;
+    return masked ? -__builtin_inff() : 0.0f;
+}
+
+/* ---- threads ------------------------------------------------------------- */
+int mha_threads(void); /* the count a parallel region should use (>= 1) */
+
+/* ---- dropout ------------------------------------------------------------- */
+
+/* Uniform [0,1) from a counter-based hash of (seed, b, h, i, j).
+ * ref: Steele, Lea, Flood, "Fast splittable pseudorandom number generators"
+ * (SplitMix64 finaliser), applied to a mix of the coordinates. */
+float mha_dropout_uniform(uint64_t seed, int64_t b, int64_t h, int64_t i, int64_t j);
+
+/* ---- internal kernels ---------------------------------------------------- */
+
+/* Everything the attention kernels need, resolved and validated.
+ * Shapes: q (B,Hq,L,d) k (B,Hkv,S,d) v (B,Hkv,S,dv) o (B,Hq,L,dv),
+ * mask/kpm broadcast to (B,Hq,L,S) (stride 0 where broadcast), weights
+ * (B,Hq,L,S) or data NULL. */
+typedef struct mha_attn_problem {
+    int64_t B, Hq, Hkv, L, S, d, dv;
+    float scale;
+    mha_causal causal;
+    int64_t causal_offset;         /* key j masked when j > i + causal_offset */
+    mha_tensor q, k, v, o;
+    mha_tensor mask;               /* data NULL when absent */
+    mha_mask_polarity mask_polarity;
+    mha_tensor kpm;                /* (B,Hq,L,S) view of the (B,S) mask */
+    mha_mask_polarity kpm_polarity;
+    mha_masked_rows masked_rows;
+    bool dropout;                  /* training && p > 0 */
+    float dropout_p;
+    uint64_t seed;
+    mha_tensor weights;            /* data NULL when not requested */
+} mha_attn_problem;
+
+/* Additive bias for (b,h,i,j) from causal, mask and key padding mask;
+ * -inf when masked. */
+float mha_attn_bias(const mha_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j);
+
+/* Validates the masked-row policy and dropout options into p. */
+mha_status mha_attn_check_common(mha_attn_problem *p, mha_masked_rows masked_rows, int training,
+                                 float dropout_p, uint64_t seed);
+
+/* Runs a validated problem on the requested kernel (AUTO resolves). */
+mha_status mha_attn_run(const mha_attn_problem *p, mha_kernel kernel);
+
+/* The fastest kernel this CPU runs (src/kernels/attention_flash*.c). */
+mha_kernel mha_attn_best_kernel(void);
+
+/* The kernels, one signature (src/kernels/):
+ *   ref    naive loops, float64 accumulation, builds each score row;
+ *   scalar fused tiles with online softmax, portable C;
+ *   avx2   the same with AVX2+FMA microkernels. */
+mha_status mha_attn_fwd_f32_ref(const mha_attn_problem *p);
+mha_status mha_attn_fwd_f32_scalar(const mha_attn_problem *p);
+mha_status mha_attn_fwd_f32_avx2(const mha_attn_problem *p);
+
+/* ---- dense linear algebra ------------------------------------------------ */
+
+/* y (M,N) = x (M,K) w^T (w is (N,K), PyTorch Linear layout) + bias (N) or 0.
+ * x rows have stride ldx, y rows ldy, w rows ldw (all in elements).
+ * accumulate != 0 adds to y instead of overwriting. */
+void mha_linear_f32(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                    int64_t ldw, const float *bias, int64_t M, int64_t N, int64_t K,
+                    int accumulate);
+
+#endif /* MHA_INTERNAL_H */

@@ -1,0 +1,120 @@
+/* attention_ref.c - the reference attention kernel: naive loops, float64.
+ *
+ * Letter legend: B batch, Hq query heads, Hkv kv heads, L query length,
+ * S key length, d head dim of q/k, dv head dim of v.
+ *
+ * For each query row (b,h,i): bias_j from causal/mask/padding; masked keys
+ * (bias = -inf) are skipped, never multiplied by zero, so NaN/Inf in masked
+ * K/V cannot leak.  The softmax subtracts the row maximum.  A row without an
+ * unmasked key follows p->masked_rows.  Used as the oracle for every fast
+ * kernel, so it favours clarity over speed.
+ */
+#include "../internal.h"
+
+#include <math.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* One query row: o_row (dv), w_row (S) or NULL; scores (S) is scratch. */
+static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t i,
+                       double *scores) {
+    const int64_t hk = h / (p->Hq / p->Hkv);
+    const float *q = p->q.data;
+    const float *k = p->k.data;
+    const float *v = p->v.data;
+    float *o = p->o.data;
+    float *w = p->weights.data;
+    const int64_t q0 = b * p->q.stride[0] + h * p->q.stride[1] + i * p->q.stride[2];
+    const int64_t k0 = b * p->k.stride[0] + hk * p->k.stride[1];
+    const int64_t v0 = b * p->v.stride[0] + hk * p->v.stride[1];
+    const int64_t o0 = b * p->o.stride[0] + h * p->o.stride[1] + i * p->o.stride[2];
+    const int64_t w0 = w ? b * p->weights.stride[0] + h * p->weights.stride[1] +
+                               i * p->weights.stride[2]
+                         : 0;
+
+    /* scores, with -inf marking masked keys */
+    double max = -INFINITY;
+    bool any = false, nan = false;
+    for (int64_t j = 0; j < p->S; j++) {
+        float bias = mha_attn_bias(p, b, h, i, j);
+        if (bias == -INFINITY) {
+            scores[j] = -INFINITY;
+            continue;
+        }
+        double dot = 0.0;
+        for (int64_t c = 0; c < p->d; c++)
+            dot += (double)q[q0 + c * p->q.stride[3]] *
+                   (double)k[k0 + j * p->k.stride[2] + c * p->k.stride[3]];
+        double s = dot * (double)p->scale + (double)bias;
+        scores[j] = s;
+        any = true;
+        if (isnan(s))
+            nan = true;
+        else if (s > max)
+            max = s;
+    }
+
+    if (!any) { /* fully masked row */
+        float fill = p->masked_rows == MHA_MASKED_ROWS_NAN ? NAN : 0.0f;
+        for (int64_t c = 0; c < p->dv; c++)
+            o[o0 + c * p->o.stride[3]] = fill;
+        for (int64_t j = 0; w && j < p->S; j++)
+            w[w0 + j * p->weights.stride[3]] = fill;
+        return;
+    }
+    if (nan)
+        max = NAN; /* as torch.max: NaN anywhere poisons the row */
+
+    double sum = 0.0;
+    for (int64_t j = 0; j < p->S; j++) {
+        if (scores[j] == -INFINITY)
+            continue;
+        scores[j] = exp(scores[j] - max);
+        sum += scores[j];
+    }
+    const double keep_scale = p->dropout ? 1.0 / (1.0 - (double)p->dropout_p) : 1.0;
+    for (int64_t j = 0; j < p->S; j++) {
+        if (scores[j] == -INFINITY) { /* masked: weight 0, skipped below */
+            if (w)
+                w[w0 + j * p->weights.stride[3]] = 0.0f;
+            continue;
+        }
+        double pj = scores[j] / sum;
+        if (p->dropout)
+            pj = mha_dropout_uniform(p->seed, b, h, i, j) < p->dropout_p ? 0.0 : pj * keep_scale;
+        scores[j] = pj;
+        if (w)
+            w[w0 + j * p->weights.stride[3]] = (float)pj;
+    }
+    for (int64_t c = 0; c < p->dv; c++) {
+        double acc = 0.0;
+        for (int64_t j = 0; j < p->S; j++) {
+            if (scores[j] == -INFINITY)
+                continue; /* masked: skipped, not multiplied by zero */
+            acc += scores[j] * (double)v[v0 + j * p->v.stride[2] + c * p->v.stride[3]];
+        }
+        o[o0 + c * p->o.stride[3]] = (float)acc;
+    }
+}
+
+mha_status mha_attn_fwd_f32_ref(const mha_attn_problem *p) {
+    const int64_t rows = p->B * p->Hq * p->L;
+    const int nthreads = mha_threads();
+    double *scratch = mha_malloc(sizeof(double) * (size_t)(p->S > 0 ? p->S : 1) * (size_t)nthreads);
+    if (!scratch)
+        return mha_error(MHA_ERR_NOMEM, "attention: cannot allocate %lld score doubles",
+                         (long long)p->S * nthreads);
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        int64_t i = r % p->L, h = (r / p->L) % p->Hq, b = r / (p->L * p->Hq);
+        attend_row(p, b, h, i, scratch + (size_t)tid * (size_t)(p->S > 0 ? p->S : 1));
+    }
+    mha_free(scratch);
+    return MHA_OK;
+}

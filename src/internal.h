@@ -160,6 +160,25 @@ mha_status mha_attn_fwd_f32_ref(const mha_attn_problem *p);
 mha_status mha_attn_fwd_f32_scalar(const mha_attn_problem *p);
 mha_status mha_attn_fwd_f32_avx2(const mha_attn_problem *p);
 
+/* ---- multi-head attention with a caller workspace (src/multihead.c) ----- */
+
+/* Floats of workspace mha_multihead_forward_ws needs when need_weights is
+ * off (per-head weights are then written straight to the caller's tensor;
+ * averaged weights need B*H*L*S' more): qkv (B,max(L,S'),3E) + attn (B,L,E).
+ * S' = S + bias_kv + add_zero_attn. */
+mha_status mha_multihead_workspace_floats(int64_t B, int64_t L, int64_t Sx, int64_t E,
+                                          int64_t *floats);
+
+/* mha_multihead_forward with a caller workspace (NULL: allocate one).  With a
+ * workspace of enough floats it allocates nothing, except the combined mask
+ * when bias_k/bias_v or add_zero_attn meet a mask; too small a workspace is
+ * MHA_ERR_VALUE. */
+mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
+                                    const mha_tensor *key, const mha_tensor *value,
+                                    const mha_multihead_weights *w,
+                                    const mha_multihead_options *opt, float *workspace,
+                                    int64_t workspace_floats);
+
 /* ---- dense linear algebra ------------------------------------------------ */
 
 /* y (M,N) = x (M,K) w^T (w is (N,K), PyTorch Linear layout) + bias (N) or 0.

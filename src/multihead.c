@@ -292,9 +292,27 @@ static void average_heads(const mh_dims *m, const float *per_head, mha_tensor *a
             }
 }
 
+mha_status mha_multihead_workspace_floats(int64_t B, int64_t L, int64_t Sx, int64_t E,
+                                          int64_t *floats) {
+    int64_t R = L > Sx ? L : Sx, n_qkv, n_attn;
+    MHA_CHECK(mha_product((int64_t[]){B, R, 3, E}, 4, &n_qkv) &&
+                  mha_product((int64_t[]){B, L, E}, 3, &n_attn) &&
+                  !__builtin_add_overflow(n_qkv, n_attn, floats),
+              MHA_ERR_OVERFLOW, "multihead: workspace size overflows");
+    return MHA_OK;
+}
+
 mha_status mha_multihead_forward(mha_tensor *out, const mha_tensor *query, const mha_tensor *key,
                                  const mha_tensor *value, const mha_multihead_weights *w,
                                  const mha_multihead_options *opt) {
+    return mha_multihead_forward_ws(out, query, key, value, w, opt, NULL, 0);
+}
+
+mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
+                                    const mha_tensor *key, const mha_tensor *value,
+                                    const mha_multihead_weights *w,
+                                    const mha_multihead_options *opt, float *workspace,
+                                    int64_t workspace_floats) {
     mh_dims m;
     memset(&m, 0, sizeof m);
     MHA_TRY(check_dims(&m, query, key, value, w, opt));
@@ -344,7 +362,13 @@ mha_status mha_multihead_forward(mha_tensor *out, const mha_tensor *query, const
                   !__builtin_add_overflow(total, (size_t)n_w, &total) &&
                   !mha_size_mul_overflows(total, sizeof(float), &total),
               MHA_ERR_OVERFLOW, "multihead: workspace size overflows");
-    float *ws = mha_malloc(total);
+    float *ws = workspace;
+    if (ws)
+        MHA_CHECK(total / sizeof(float) <= (uint64_t)workspace_floats, MHA_ERR_VALUE,
+                  "multihead: workspace of %lld floats, need %zu", (long long)workspace_floats,
+                  total / sizeof(float));
+    else
+        ws = mha_malloc(total);
     MHA_CHECK(ws != NULL, MHA_ERR_NOMEM, "multihead: cannot allocate %zu bytes of workspace",
               total);
     float *qkv = ws, *attn = ws + n_qkv, *per_head = n_w ? attn + n_attn : NULL;
@@ -422,6 +446,18 @@ mha_status mha_multihead_forward(mha_tensor *out, const mha_tensor *query, const
                        w->out_proj_bias ? w->out_proj_bias->data : NULL, m.L, E, E, 0);
 done:
     mha_tensor_free(&padded);
-    mha_free(ws);
+    if (ws != workspace)
+        mha_free(ws);
     return st;
+}
+
+int64_t mha_multihead_param_count(int64_t E, int64_t kdim, int64_t vdim, int bias,
+                                  int add_bias_kv) {
+    int64_t n = E * E + E * kdim + E * vdim; /* W_Q, W_K, W_V */
+    n += E * E;                               /* W_O */
+    if (bias)
+        n += 3 * E + E;                       /* in_proj_bias, out_proj.bias */
+    if (add_bias_kv)
+        n += 2 * E;                           /* bias_k, bias_v */
+    return n;
 }

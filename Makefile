@@ -66,7 +66,7 @@ LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_SRC   := $(wildcard cli/*.c)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_SRC  := $(wildcard tests/unit/*.c)
-TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/%.o)
+TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/cli/seeds.o
 
 STATIC := $(BUILD)/libmha.a
 SHARED := $(BUILD)/libmha.so.$(VERSION)
@@ -82,6 +82,7 @@ cli: $(CLI)
 # ISA flags only on the kernel files that need them.
 $(BUILD)/src/kernels/%_avx2.o: CFLAGS_ += -mavx2 -mfma
 $(BUILD)/src/%.o: CFLAGS_ += -fvisibility=hidden -DMHA_BUILDING_LIBRARY
+$(BUILD)/tests/%.o: CFLAGS_ += -Icli -Isrc
 
 $(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h src/*/*.h tests/unit/*.h cli/*.h)
 	@mkdir -p $(dir $@)

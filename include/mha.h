@@ -156,6 +156,10 @@ MHA_API const char *mha_kernel_name(mha_kernel kernel);
 /* The kernel AUTO resolves to on this CPU and environment. */
 MHA_API mha_kernel mha_kernel_resolve(mha_kernel requested);
 
+/* Fills x[0..n) with normal(0, std^2) floats from a counter-based generator:
+ * the value at index i depends only on (seed, i). */
+MHA_API void mha_randn(float *x, size_t n, uint64_t seed, float std);
+
 /* ------------------------------------------------------------------------ */
 /* Scaled dot-product attention                                              */
 /* ------------------------------------------------------------------------ */
@@ -272,6 +276,11 @@ typedef struct mha_multihead_options {
 
 MHA_API void mha_multihead_options_init(mha_multihead_options *opt);
 
+/* Number of parameters of nn.MultiheadAttention(E, H, bias, add_bias_kv,
+ * kdim, vdim): 4*E^2 + 4*E for the default module, for any H. */
+MHA_API int64_t mha_multihead_param_count(int64_t E, int64_t kdim, int64_t vdim, int bias,
+                                          int add_bias_kv);
+
 /* out (B,L,E) = MultiheadAttention(query, key, value)
  *   query (B,L,E), key (B,S,kdim), value (B,S,vdim); unbatched drops B
  *   (query (L,E), key (S,kdim), value (S,vdim), out (L,E)).
@@ -281,6 +290,187 @@ MHA_API mha_status mha_multihead_forward(mha_tensor *out, const mha_tensor *quer
                                          const mha_tensor *key, const mha_tensor *value,
                                          const mha_multihead_weights *w,
                                          const mha_multihead_options *opt);
+
+/* ------------------------------------------------------------------------ */
+/* Transformer layers: torch.nn.TransformerEncoderLayer/DecoderLayer and    */
+/* their pieces (batch_first=True).  docs/layers.md has the semantics table. */
+/* ------------------------------------------------------------------------ */
+
+/* Row tensors below are "(N,E)": any rank 1..4, contiguous (row-major),
+ * read as N = numel/E rows of the last dimension E.  Unless a function says
+ * otherwise, out may be the very same view as x (in place) but must not
+ * partly overlap it. */
+
+/* out (N,F) = x (N,E) weight^T + bias; weight (F,E) PyTorch Linear layout,
+ * bias (F) or NULL.  out must not overlap x. */
+MHA_API mha_status mha_linear_forward(mha_tensor *out, const mha_tensor *x,
+                                      const mha_tensor *weight, const mha_tensor *bias);
+
+/* out (N,E) = (x - mean) / sqrt(var + eps) * weight + bias, per row, biased
+ * variance (nn.LayerNorm).  weight (E) or NULL (= ones), bias (E) or NULL
+ * (= zeros; LayerNorm(bias=False)).  eps > 0 and finite. */
+MHA_API mha_status mha_layernorm_forward(mha_tensor *out, const mha_tensor *x,
+                                         const mha_tensor *weight, const mha_tensor *bias,
+                                         float eps);
+
+/* out (N,E) = x / sqrt(mean(x^2) + eps) * weight (nn.RMSNorm); weight (E) or
+ * NULL.  eps > 0 and finite. */
+MHA_API mha_status mha_rmsnorm_forward(mha_tensor *out, const mha_tensor *x,
+                                       const mha_tensor *weight, float eps);
+
+typedef enum mha_activation {
+    MHA_ACT_RELU = 0,      /* max(x, 0)                                       */
+    MHA_ACT_GELU = 1,      /* x * Phi(x), exact erf (PyTorch's default)       */
+    MHA_ACT_GELU_TANH = 2, /* GELU(approximate='tanh') (GPT-2, llm.c)         */
+    MHA_ACT_SILU = 3       /* x * sigmoid(x) (SwiGLU's gate)                  */
+} mha_activation;
+
+/* Name ("relu", "gelu", "gelu_tanh", "silu"); "?" for an unknown value. */
+MHA_API const char *mha_activation_name(mha_activation act);
+
+/* out = act(x), elementwise; out and x have the same shape (any rank,
+ * contiguous). */
+MHA_API mha_status mha_activation_forward(mha_tensor *out, const mha_tensor *x,
+                                          mha_activation act);
+
+/* out (N,E) = x (N,E) + y (N,E): the residual connection.  out may be x or y. */
+MHA_API mha_status mha_residual_forward(mha_tensor *out, const mha_tensor *x,
+                                        const mha_tensor *y);
+
+/* Inverted dropout (nn.Dropout): when training and p > 0, element n of x is
+ * zeroed with probability p, else scaled by 1/(1-p); otherwise out = x.  The
+ * keep decision for flat index n is a pure function of (seed, stream, n):
+ * use distinct streams for the dropouts of one step.  p in [0,1). */
+MHA_API mha_status mha_dropout_forward(mha_tensor *out, const mha_tensor *x, float p,
+                                       int training, uint64_t seed, uint64_t stream);
+
+/* A position-wise MLP: out = linear2(dropout(act(linear1(x)))), or, when
+ * linear3_weight is given, the gated form (SwiGLU with act = SiLU, LLaMA's
+ * w1/w2/w3): out = linear2(act(linear1(x)) * linear3(x)).  F is the hidden
+ * width, read from linear1_weight. */
+typedef struct mha_mlp_weights {
+    const mha_tensor *linear1_weight; /* (F,E)          */
+    const mha_tensor *linear1_bias;   /* (F) or NULL     */
+    const mha_tensor *linear2_weight; /* (E,F)          */
+    const mha_tensor *linear2_bias;   /* (E) or NULL     */
+    const mha_tensor *linear3_weight; /* (F,E) or NULL: gated MLP */
+    const mha_tensor *linear3_bias;   /* (F) or NULL     */
+} mha_mlp_weights;
+
+/* Bytes of workspace mha_mlp_forward needs for N rows of hidden width F
+ * (gated != 0: the gated form). */
+MHA_API mha_status mha_mlp_workspace_size(int64_t N, int64_t F, int gated, size_t *bytes);
+
+/* out (N,E) = MLP(x (N,E)); out must not overlap x.  workspace: at least
+ * mha_mlp_workspace_size() bytes, float-aligned, or NULL (allocated inside). */
+MHA_API mha_status mha_mlp_forward(mha_tensor *out, const mha_tensor *x,
+                                   const mha_mlp_weights *w, mha_activation act,
+                                   void *workspace, size_t workspace_bytes);
+
+/* Layer weights, named as the PyTorch state_dict (dots -> fields).  Norm
+ * weights/biases may be NULL (ones/zeros: bias=False drops the biases of
+ * the Linear layers and of the LayerNorms).  The MLP width F comes from
+ * linear1_weight (F,E).  The attention blocks take no bias_k/bias_v. */
+typedef struct mha_encoder_layer_weights {
+    mha_multihead_weights self_attn;     /* self_attn.*                     */
+    const mha_tensor *linear1_weight;    /* (F,E)                           */
+    const mha_tensor *linear1_bias;      /* (F) or NULL                     */
+    const mha_tensor *linear2_weight;    /* (E,F)                           */
+    const mha_tensor *linear2_bias;      /* (E) or NULL                     */
+    const mha_tensor *norm1_weight, *norm1_bias; /* (E) or NULL each        */
+    const mha_tensor *norm2_weight, *norm2_bias;
+} mha_encoder_layer_weights;
+
+typedef struct mha_decoder_layer_weights {
+    mha_multihead_weights self_attn;      /* self_attn.*                    */
+    mha_multihead_weights multihead_attn; /* multihead_attn.* (cross)       */
+    const mha_tensor *linear1_weight, *linear1_bias; /* (F,E), (F) or NULL  */
+    const mha_tensor *linear2_weight, *linear2_bias; /* (E,F), (E) or NULL  */
+    const mha_tensor *norm1_weight, *norm1_bias;     /* (E) or NULL each    */
+    const mha_tensor *norm2_weight, *norm2_bias;
+    const mha_tensor *norm3_weight, *norm3_bias;
+} mha_decoder_layer_weights;
+
+/* Stacks (nn.TransformerEncoder / nn.TransformerDecoder): layers.N.* and an
+ * optional final norm.* (final_norm != 0; its weight/bias may be NULL). */
+typedef struct mha_encoder_weights {
+    int64_t num_layers;                       /* >= 1                        */
+    const mha_encoder_layer_weights *layers;  /* num_layers entries          */
+    int final_norm;
+    const mha_tensor *norm_weight, *norm_bias;
+} mha_encoder_weights;
+
+typedef struct mha_decoder_weights {
+    int64_t num_layers;
+    const mha_decoder_layer_weights *layers;
+    int final_norm;
+    const mha_tensor *norm_weight, *norm_bias;
+} mha_decoder_weights;
+
+/* The masks of one call, PyTorch MHA conventions (bool true = masked,
+ * float added).  Encoder: attn_mask = src_mask, key_padding_mask =
+ * src_key_padding_mask.  Decoder: attn_mask/key_padding_mask/causal act on
+ * the target's self-attention, memory_* on the cross-attention. */
+typedef struct mha_layer_masks {
+    const mha_tensor *attn_mask;          /* (L,L) or (B*H,L,L)             */
+    const mha_tensor *key_padding_mask;   /* (B,L)                          */
+    int causal;                           /* tril(ones(L,L)) on self-attn   */
+    const mha_tensor *memory_mask;        /* (L,S) or (B*H,L,S)             */
+    const mha_tensor *memory_key_padding_mask; /* (B,S)                     */
+} mha_layer_masks;
+
+typedef struct mha_layer_options {
+    int64_t num_heads;            /* nhead, divides E                         */
+    int norm_first;               /* 0: post-norm (PyTorch default), 1: pre  */
+    mha_activation activation;    /* default MHA_ACT_RELU                     */
+    float layer_norm_eps;         /* default 1e-5                             */
+    mha_masked_rows masked_rows;  /* default MHA_MASKED_ROWS_ZERO; PyTorch: NAN */
+    int training;                 /* dropout only when training != 0          */
+    float dropout_p;              /* one p for every dropout, as PyTorch       */
+    uint64_t seed;
+    mha_kernel kernel;
+} mha_layer_options;
+
+MHA_API void mha_layer_options_init(mha_layer_options *opt);
+
+/* The workspace plan: bytes a forward call needs for batch B, target length
+ * L, memory length S (decoder), width E, MLP width F.  The same size serves
+ * a single layer and a stack of any depth.  With a workspace of that size a
+ * forward call allocates nothing. */
+MHA_API mha_status mha_encoder_workspace_size(int64_t B, int64_t L, int64_t E, int64_t F,
+                                              size_t *bytes);
+MHA_API mha_status mha_decoder_workspace_size(int64_t B, int64_t L, int64_t S, int64_t E,
+                                              int64_t F, size_t *bytes);
+
+/* out (B,L,E) = TransformerEncoderLayer(src (B,L,E)); unbatched (L,E) drops B.
+ * out may be the same view as src (in place).  workspace: at least
+ * mha_encoder_workspace_size() bytes, float-aligned, or NULL (one allocation
+ * inside).  masks may be NULL. */
+MHA_API mha_status mha_encoder_layer_forward(mha_tensor *out, const mha_tensor *src,
+                                             const mha_encoder_layer_weights *w,
+                                             const mha_layer_masks *masks,
+                                             const mha_layer_options *opt, void *workspace,
+                                             size_t workspace_bytes);
+
+/* out (B,L,E) = TransformerDecoderLayer(tgt (B,L,E), memory (B,S,E)).
+ * out may be the same view as tgt, must not overlap memory. */
+MHA_API mha_status mha_decoder_layer_forward(mha_tensor *out, const mha_tensor *tgt,
+                                             const mha_tensor *memory,
+                                             const mha_decoder_layer_weights *w,
+                                             const mha_layer_masks *masks,
+                                             const mha_layer_options *opt, void *workspace,
+                                             size_t workspace_bytes);
+
+/* Stacks: the layers in turn, then the final norm when w->final_norm. */
+MHA_API mha_status mha_encoder_forward(mha_tensor *out, const mha_tensor *src,
+                                       const mha_encoder_weights *w, const mha_layer_masks *masks,
+                                       const mha_layer_options *opt, void *workspace,
+                                       size_t workspace_bytes);
+MHA_API mha_status mha_decoder_forward(mha_tensor *out, const mha_tensor *tgt,
+                                       const mha_tensor *memory, const mha_decoder_weights *w,
+                                       const mha_layer_masks *masks,
+                                       const mha_layer_options *opt, void *workspace,
+                                       size_t workspace_bytes);
 
 /* ------------------------------------------------------------------------ */
 /* Files                                                                     */

@@ -1,0 +1,73 @@
+/* fixture.c - reading PyTorch parity fixtures. */
+#include "fixture.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+static int cmp_names(const void *a, const void *b) { return strcmp(a, b); }
+
+int fixture_list(const char *set, char names[][128], int max) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", test_fixture_root(), set);
+    DIR *d = opendir(path);
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < max) {
+        if (e->d_name[0] == '.' || strlen(e->d_name) >= 128)
+            continue;
+        snprintf(names[n++], 128, "%s", e->d_name);
+    }
+    closedir(d);
+    qsort(names, (size_t)n, 128, cmp_names);
+    return n;
+}
+
+bool fixture_open(fixture *f, const char *set, const char *name) {
+    memset(f, 0, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "%s/%s/%s", test_fixture_root(), set, name);
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.txt", f->dir);
+    FILE *fp = fopen(path, "r");
+    if (!fp)
+        return false;
+    char line[160];
+    while (fgets(line, sizeof line, fp) && f->n < FIXTURE_MAX_KEYS) {
+        char *eq = strchr(line, '=');
+        if (!eq)
+            continue;
+        *eq = 0;
+        line[strcspn(line, "\r\n")] = 0;
+        eq[1 + strcspn(eq + 1, "\r\n")] = 0;
+        snprintf(f->keys[f->n], sizeof f->keys[0], "%s", line);
+        snprintf(f->values[f->n], sizeof f->values[0], "%s", eq + 1);
+        f->n++;
+    }
+    fclose(fp);
+    return true;
+}
+
+const char *fixture_str(const fixture *f, const char *key) {
+    for (int i = 0; i < f->n; i++)
+        if (!strcmp(f->keys[i], key))
+            return f->values[i];
+    return "";
+}
+
+int64_t fixture_int(const fixture *f, const char *key) { return atoll(fixture_str(f, key)); }
+
+bool fixture_has(const fixture *f, const char *file) {
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", f->dir, file);
+    return access(path, R_OK) == 0;
+}
+
+mha_status fixture_load(const fixture *f, const char *file, int want, mha_tensor *t) {
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", f->dir, file);
+    if (want >= 0)
+        return mha_npy_load(path, (mha_dtype)want, t);
+    mha_dtype file_dtype;
+    return mha_npy_load_any(path, 1, t, &file_dtype);
+}

@@ -1,0 +1,71 @@
+/* layers.h - private interface shared by the Transformer-layer files
+ * (norm.c, activation.c, mlp.c, transformer.c); never installed.
+ *
+ * Letter legend: N rows (B*L), E model width, F MLP hidden width.
+ * Every kernel here has a float32 path and a float64 reference with the
+ * same arguments (the reference is for the tests).
+ */
+#ifndef MHA_LAYERS_H
+#define MHA_LAYERS_H
+
+#include "internal.h"
+
+/* A contiguous float32 row tensor: rank 1..4, read as N rows of its last
+ * dimension E.  want_E < 0 accepts any width. */
+mha_status mha_rows_check(const mha_tensor *t, const char *name, int64_t want_E, int64_t *N,
+                          int64_t *E);
+
+/* out is x itself (in place) or does not overlap it; same row shape. */
+mha_status mha_rows_check_out(const mha_tensor *out, const mha_tensor *x, const char *name,
+                              int64_t N, int64_t E, bool allow_same);
+
+/* An optional float32 vector (n), contiguous, any leading 1-dims.  NULL ok. */
+mha_status mha_vector_check(const mha_tensor *t, const char *name, int64_t n);
+
+/* A float32 (rows, cols) matrix contiguous in its last dim; cols from *cols
+ * when >= 0, else read into *cols. */
+mha_status mha_matrix_check(const mha_tensor *t, const char *name, int64_t rows, int64_t *cols);
+
+static inline const float *mha_fdata(const mha_tensor *t) {
+    return t ? (const float *)t->data : NULL;
+}
+
+/* ---- norms (norm.c): y (N,E) from x (N,E); w, b (E) or NULL; y may be x. */
+void mha_layernorm_f32(float *y, const float *x, int64_t N, int64_t E, const float *w,
+                       const float *b, float eps);
+void mha_layernorm_ref(float *y, const float *x, int64_t N, int64_t E, const float *w,
+                       const float *b, float eps);
+void mha_rmsnorm_f32(float *y, const float *x, int64_t N, int64_t E, const float *w, float eps);
+void mha_rmsnorm_ref(float *y, const float *x, int64_t N, int64_t E, const float *w, float eps);
+
+/* ---- elementwise (activation.c): n elements, y may be x. */
+void mha_activation_f32(float *y, const float *x, int64_t n, mha_activation act);
+double mha_activation_ref(double x, mha_activation act);
+/* y = x * keep / (1-p), keep from (seed, stream, index); p in (0,1). */
+void mha_dropout_f32(float *y, const float *x, int64_t n, float p, uint64_t seed,
+                     uint64_t stream);
+/* True when flat element `index` of stream `stream` survives dropout p. */
+bool mha_dropout_keep(uint64_t seed, uint64_t stream, int64_t index, float p);
+
+/* ---- MLP (mlp.c) ---------------------------------------------------------- */
+
+/* Validated raw MLP: weights contiguous, F hidden width, gated with w3. */
+typedef struct mha_mlp_raw {
+    int64_t E, F;
+    const float *w1, *b1, *w2, *b2, *w3, *b3; /* w1,w3 (F,E) w2 (E,F) */
+} mha_mlp_raw;
+
+/* Checks w against width E and fills raw. */
+mha_status mha_mlp_resolve(const mha_mlp_weights *w, int64_t E, mha_mlp_raw *raw);
+
+/* Floats of hidden workspace for N rows. */
+int64_t mha_mlp_hidden_floats(int64_t N, int64_t F, bool gated);
+
+/* y (N,E) = MLP(x (N,E)), hidden: mha_mlp_hidden_floats floats.  Dropout
+ * on the hidden activations when dropout_p > 0 (stream `stream`). */
+void mha_mlp_f32(float *y, const float *x, int64_t N, const mha_mlp_raw *m, mha_activation act,
+                 float *hidden, float dropout_p, uint64_t seed, uint64_t stream);
+/* The float64 reference of the same (no dropout). */
+void mha_mlp_ref(float *y, const float *x, int64_t N, const mha_mlp_raw *m, mha_activation act);
+
+#endif /* MHA_LAYERS_H */

@@ -40,8 +40,8 @@ bool fixture_open(fixture *f, const char *set, const char *name) {
         *eq = 0;
         line[strcspn(line, "\r\n")] = 0;
         eq[1 + strcspn(eq + 1, "\r\n")] = 0;
-        snprintf(f->keys[f->n], sizeof f->keys[0], "%s", line);
-        snprintf(f->values[f->n], sizeof f->values[0], "%s", eq + 1);
+        snprintf(f->keys[f->n], sizeof f->keys[0], "%.31s", line);
+        snprintf(f->values[f->n], sizeof f->values[0], "%.63s", eq + 1);
         f->n++;
     }
     fclose(fp);

@@ -5,16 +5,17 @@
 
 #define MAX_TESTS 4096
 
-static struct {
+typedef struct test_entry {
     const char *name;
     test_fn fn;
-} tests[MAX_TESTS];
+} test_entry;
+static test_entry tests[MAX_TESTS];
 static int n_tests;
 static int current_failures;
 
 void test_register(const char *name, test_fn fn) {
     if (n_tests < MAX_TESTS)
-        tests[n_tests++] = (typeof(tests[0])){name, fn};
+        tests[n_tests++] = (test_entry){name, fn};
 }
 
 void test_fail(const char *file, int line, const char *fmt, ...) {
@@ -30,7 +31,7 @@ void test_fail(const char *file, int line, const char *fmt, ...) {
 int test_failures(void) { return current_failures; }
 
 static int by_name(const void *a, const void *b) {
-    return strcmp(((const typeof(tests[0]) *)a)->name, ((const typeof(tests[0]) *)b)->name);
+    return strcmp(((const test_entry *)a)->name, ((const test_entry *)b)->name);
 }
 
 int main(int argc, char **argv) {

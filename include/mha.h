@@ -151,6 +151,12 @@ typedef enum mha_kernel {
     MHA_KERNEL_AVX2 = 3    /* fused tiled online-softmax, AVX2 + FMA       */
 } mha_kernel;
 
+/* Measured fp32 multiply-add throughput of this machine in GFLOP/s: an
+ * FMA-bound loop (AVX2+FMA when the CPU has it) on `threads` threads
+ * (0 = the mha_set_num_threads count) for about `seconds` (0 = 0.2 s).
+ * For benchmarks: "100 % of peak". */
+MHA_API double mha_peak_gflops(int threads, double seconds);
+
 /* Name of a kernel ("ref", "scalar", "avx2"); "auto" for AUTO. */
 MHA_API const char *mha_kernel_name(mha_kernel kernel);
 /* The kernel AUTO resolves to on this CPU and environment. */
@@ -491,6 +497,52 @@ MHA_API mha_status mha_npy_load_any(const char *path, int as_mask, mha_tensor *o
  * byte-identical to numpy.save.  When t is MHA_F32 and as is MHA_F16 the
  * values are rounded to half. */
 MHA_API mha_status mha_npy_save(const char *path, const mha_tensor *t, mha_dtype as);
+
+/* safetensors files (https://github.com/huggingface/safetensors), read with
+ * the format's safety rules enforced (header <= 100 MB, offsets contiguous,
+ * inside the data section and equal to shape x dtype size, no duplicate
+ * names, every product overflow-checked; see docs/formats.md).  The file
+ * is mapped when possible.  Tensors of up to MHA_SAFETENSORS_MAX_DIMS dims
+ * are listed; those of up to MHA_MAX_DIMS can be loaded. */
+#define MHA_SAFETENSORS_MAX_DIMS 8
+typedef struct mha_safetensors mha_safetensors;
+
+MHA_API mha_status mha_safetensors_open(const char *path, mha_safetensors **st);
+MHA_API void mha_safetensors_free(mha_safetensors *st);
+
+/* Tensors in file order (order of the header's keys), 0 <= i < count. */
+MHA_API int64_t mha_safetensors_count(const mha_safetensors *st);
+MHA_API const char *mha_safetensors_name(const mha_safetensors *st, int64_t i);
+/* Index of a tensor by name, or -1. */
+MHA_API int64_t mha_safetensors_find(const mha_safetensors *st, const char *name);
+/* dtype as in the file ("F32", "BF16", ...), rank and sizes (any pointer may
+ * be NULL; shape holds MHA_SAFETENSORS_MAX_DIMS entries). */
+MHA_API mha_status mha_safetensors_info(const mha_safetensors *st, int64_t i, const char **dtype,
+                                        int *ndim, int64_t *shape);
+
+/* An owned float32 copy of a tensor (F32, F16, BF16, F64 and the integer
+ * and BOOL dtypes are converted); free with mha_tensor_free(). */
+MHA_API mha_status mha_safetensors_get_f32(const mha_safetensors *st, const char *name,
+                                           mha_tensor *out);
+/* A float32 view valid until mha_safetensors_free(): into the mapping when
+ * the tensor is F32 and 4-byte aligned, otherwise a converted copy kept by st. */
+MHA_API mha_status mha_safetensors_view_f32(mha_safetensors *st, const char *name,
+                                            mha_tensor *view);
+
+/* The "__metadata__" string map: count, i-th key and value, or lookup by
+ * key (NULL when absent). */
+MHA_API int64_t mha_safetensors_metadata_count(const mha_safetensors *st);
+MHA_API const char *mha_safetensors_metadata_key(const mha_safetensors *st, int64_t i);
+MHA_API const char *mha_safetensors_metadata_value(const mha_safetensors *st, int64_t i);
+MHA_API const char *mha_safetensors_metadata(const mha_safetensors *st, const char *key);
+
+/* Writes n tensors (MHA_F32 as "F32", MHA_F16 "F16", MHA_BOOL "BOOL", MHA_I64
+ * "I64"; any strides) under names, plus n_meta metadata pairs (may be 0,
+ * keys/values NULL).  Names must be unique and not "__metadata__". */
+MHA_API mha_status mha_safetensors_write(const char *path, const char *const *names,
+                                         const mha_tensor *const *tensors, int64_t n,
+                                         const char *const *meta_keys,
+                                         const char *const *meta_values, int64_t n_meta);
 
 #ifdef __cplusplus
 }

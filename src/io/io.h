@@ -93,4 +93,9 @@ static inline uint64_t mha_le64(const uint8_t *p) {
 mha_status mha_npy_read(mha_file *f, mha_dtype want, int keep_kind, int as_mask,
                         mha_tensor *out, mha_dtype *file_dtype);
 
+/* Opens safetensors bytes from an opened file (path or memory; f is taken
+ * over and closed by mha_safetensors_free, or on failure).  The fuzz target
+ * calls this on memory files. */
+mha_status mha_safetensors_read(mha_file *f, mha_safetensors **st);
+
 #endif /* MHA_IO_H */

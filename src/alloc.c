@@ -10,15 +10,41 @@
 static _Atomic int64_t alloc_count;  /* allocations attempted so far      */
 static _Atomic int64_t fail_at;      /* fail when count reaches this (0: never) */
 static _Atomic int fail_persistent;
+static _Atomic int64_t live_count;   /* successful allocations not yet freed */
+static _Atomic int env_read;         /* MHA_TEST_FAIL_ALLOC read (0 no, 1 busy, 2 done) */
+
+/* Test hook for whole programs (the CLI tests): MHA_TEST_FAIL_ALLOC=k fails
+ * the k-th allocation of the process, MHA_TEST_FAIL_ALLOC=k+ that one and
+ * every later one.  Read once, at the first allocation; unset = no effect. */
+static void read_env_hook(void) {
+    int expected = 0;
+    if (atomic_load(&env_read) == 2 || !atomic_compare_exchange_strong(&env_read, &expected, 1))
+        return;
+    const char *env = getenv("MHA_TEST_FAIL_ALLOC");
+    if (env && *env) {
+        char *end;
+        long long k = strtoll(env, &end, 10);
+        if (k > 0 && (*end == '\0' || (*end == '+' && end[1] == '\0'))) {
+            atomic_store(&fail_persistent, *end == '+');
+            atomic_store(&fail_at, (int64_t)k);
+        }
+    }
+    atomic_store(&env_read, 2);
+}
 
 void mha_test_fail_alloc(int64_t k, int persistent) {
+    read_env_hook(); /* so a later first allocation cannot override this call */
     atomic_store(&fail_persistent, persistent != 0);
     atomic_store(&fail_at, k > 0 ? atomic_load(&alloc_count) + k : 0);
 }
 
 int64_t mha_test_alloc_count(void) { return atomic_load(&alloc_count); }
 
+int64_t mha_test_live_allocs(void) { return atomic_load(&live_count); }
+
 static bool injected_failure(void) {
+    if (atomic_load(&env_read) != 2)
+        read_env_hook();
     int64_t n = atomic_fetch_add(&alloc_count, 1) + 1;
     int64_t at = atomic_load(&fail_at);
     if (at == 0)
@@ -34,7 +60,10 @@ void *mha_malloc(size_t bytes) {
     size_t rounded = (bytes + MHA_ALIGN - 1) / MHA_ALIGN * MHA_ALIGN;
     if (rounded < bytes)
         return NULL;
-    return aligned_alloc(MHA_ALIGN, rounded);
+    void *p = aligned_alloc(MHA_ALIGN, rounded);
+    if (p)
+        atomic_fetch_add(&live_count, 1);
+    return p;
 }
 
 void *mha_calloc(size_t count, size_t size) {
@@ -47,4 +76,8 @@ void *mha_calloc(size_t count, size_t size) {
     return p;
 }
 
-void mha_free(void *p) { free(p); }
+void mha_free(void *p) {
+    if (p)
+        atomic_fetch_sub(&live_count, 1);
+    free(p);
+}

@@ -53,6 +53,9 @@ void mha_free(void *p);
  * persistent.  k = 0 disables injection.  Returns allocations so far. */
 MHA_API void mha_test_fail_alloc(int64_t k, int persistent);
 MHA_API int64_t mha_test_alloc_count(void);
+/* Allocations made by mha_malloc/mha_calloc and not yet given to mha_free:
+ * the OOM tests check it returns to its value before a failed call. */
+MHA_API int64_t mha_test_live_allocs(void);
 
 /* ---- checked arithmetic -------------------------------------------------- */
 

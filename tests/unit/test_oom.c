@@ -1,0 +1,419 @@
+/* test_oom.c - allocation-failure and I/O-failure injection over every
+ * public entry point that allocates or reads (SQLite's OOM loop).
+ *
+ * For k = 1, 2, ... the k-th allocation of the call fails (mha_test_fail_alloc),
+ * once and then persistently, until the call runs to completion without
+ * meeting the injected failure.  Every failing call must return
+ * MHA_ERR_NOMEM with a message, free everything it allocated (the live
+ * allocation count returns to its value before the call; LeakSanitizer
+ * checks the rest under `make SAN=1 test`) and leave no half-built output
+ * (an owned output's data is NULL).  The same loop runs over the file
+ * layer's read hook (mha_test_fail_io): read errors, short reads and
+ * premature end of file, at the k-th read, once and persistently.
+ *
+ * The last test prints "oom: N injection points (A allocation, I i/o)".
+ */
+#include "test.h"
+
+#include "../../src/io/io.h"
+
+#include <unistd.h>
+
+static int64_t alloc_points, io_points;
+
+/* One call under test: returns its status; on success it releases what it
+ * made, on failure it checks that nothing half-built is left. */
+typedef mha_status (*oom_call)(void *ctx);
+
+/* The allocation loop.  Returns the injection points this call has. */
+static int64_t oom_loop(const char *name, oom_call call, void *ctx) {
+    int64_t points = 0;
+    for (int persistent = 0; persistent <= 1; persistent++) {
+        for (int64_t k = 1;; k++) {
+            int64_t live0 = mha_test_live_allocs(), count0 = mha_test_alloc_count();
+            mha_test_fail_alloc(k, persistent);
+            mha_status st = call(ctx);
+            mha_test_fail_alloc(0, 0);
+            int64_t made = mha_test_alloc_count() - count0;
+            int64_t leaked = mha_test_live_allocs() - live0;
+            if (leaked != 0)
+                test_fail(__FILE__, __LINE__, "%s: k=%lld %s: %lld allocation(s) leaked", name,
+                          (long long)k, persistent ? "persistent" : "once", (long long)leaked);
+            if (made < k) { /* the call never reached the injected failure */
+                if (st != MHA_OK)
+                    test_fail(__FILE__, __LINE__, "%s: uninjected run -> %s (%s)", name,
+                              mha_status_string(st), mha_last_error());
+                break;
+            }
+            points++;
+            if (st != MHA_ERR_NOMEM)
+                test_fail(__FILE__, __LINE__, "%s: allocation %lld failed (%s) -> %s, want %s",
+                          name, (long long)k, persistent ? "persistent" : "once",
+                          mha_status_string(st), mha_status_string(MHA_ERR_NOMEM));
+            else if (mha_last_error()[0] == '\0')
+                test_fail(__FILE__, __LINE__, "%s: k=%lld: NOMEM without a message", name,
+                          (long long)k);
+            if (k > 100000 || test_failures() > 20) {
+                test_fail(__FILE__, __LINE__, "%s: giving up at k=%lld", name, (long long)k);
+                break;
+            }
+        }
+    }
+    alloc_points += points;
+    return points;
+}
+
+/* ---- tensors ------------------------------------------------------------------- */
+
+static mha_status call_tensor_alloc(void *ctx) {
+    (void)ctx;
+    mha_tensor t;
+    memset(&t, 0xAB, sizeof t); /* garbage in: a failed call must not leave it */
+    mha_status st = mha_tensor_alloc(&t, MHA_F32, 3, (int64_t[]){2, 3, 5});
+    if (st == MHA_OK) {
+        CHECK(((float *)t.data)[29] == 0.0f);
+        mha_tensor_free(&t);
+        CHECK(t.data == NULL);
+    } else {
+        CHECK(t.data == NULL);
+        mha_tensor_free(&t); /* must be harmless after a failure */
+    }
+    return st;
+}
+
+TEST(oom_tensor_alloc) { CHECK(oom_loop("mha_tensor_alloc", call_tensor_alloc, NULL) >= 1); }
+
+/* ---- scaled dot-product attention ------------------------------------------- */
+
+typedef struct sdpa_ctx {
+    mha_tensor q, k, v, o, mask, kpm, w;
+    float *buf[7];
+    mha_sdpa_options opt;
+} sdpa_ctx;
+
+/* B=2 Hq=4 Hkv=2 L=5 S=7 d=3 dv=6; bool mask (L,S), kpm (B,S), weights. */
+static void sdpa_setup(sdpa_ctx *c, mha_kernel kernel, bool masks, bool weights) {
+    memset(c, 0, sizeof *c);
+    c->buf[0] = test_tensor(&c->q, 4, (int64_t[]){2, 4, 5, 3}, 1);
+    c->buf[1] = test_tensor(&c->k, 4, (int64_t[]){2, 2, 7, 3}, 2);
+    c->buf[2] = test_tensor(&c->v, 4, (int64_t[]){2, 2, 7, 6}, 3);
+    c->buf[3] = test_tensor(&c->o, 4, (int64_t[]){2, 4, 5, 6}, 4);
+    c->buf[4] = test_tensor(&c->w, 4, (int64_t[]){2, 4, 5, 7}, 5);
+    c->buf[5] = calloc(5 * 7, 1);
+    c->buf[6] = calloc(2 * 7, 1);
+    uint8_t *m = (uint8_t *)c->buf[5], *kp = (uint8_t *)c->buf[6];
+    for (int i = 0; i < 35; i++)
+        m[i] = (i % 4) != 1; /* true keeps */
+    kp[6] = kp[13] = 1;      /* true masks the last key */
+    mha_tensor_init(&c->mask, MHA_BOOL, m, 2, (int64_t[]){5, 7});
+    mha_tensor_init(&c->kpm, MHA_BOOL, kp, 2, (int64_t[]){2, 7});
+    mha_sdpa_options_init(&c->opt);
+    c->opt.kernel = kernel;
+    if (masks) {
+        c->opt.mask = &c->mask;
+        c->opt.key_padding_mask = &c->kpm;
+        c->opt.causal = MHA_CAUSAL_BOTTOM_RIGHT;
+    }
+    if (weights)
+        c->opt.weights = &c->w;
+}
+
+static void sdpa_teardown(sdpa_ctx *c) {
+    for (int i = 0; i < 7; i++)
+        free(c->buf[i]);
+}
+
+static mha_status call_sdpa(void *ctx) {
+    sdpa_ctx *c = ctx;
+    return mha_sdpa_forward(&c->o, &c->q, &c->k, &c->v, &c->opt);
+}
+
+static const mha_kernel all_kernels[] = {MHA_KERNEL_AUTO, MHA_KERNEL_REF, MHA_KERNEL_SCALAR,
+                                         MHA_KERNEL_AVX2};
+
+/* True when this build and CPU run `kernel` (the fused kernels may be absent). */
+static bool kernel_available(mha_kernel kernel) {
+    sdpa_ctx c;
+    sdpa_setup(&c, kernel, false, false);
+    mha_status st = call_sdpa(&c);
+    sdpa_teardown(&c);
+    return st == MHA_OK;
+}
+
+TEST(oom_sdpa_every_kernel) {
+    for (size_t i = 0; i < sizeof all_kernels / sizeof *all_kernels; i++) {
+        if (!kernel_available(all_kernels[i]))
+            continue;
+        for (int variant = 0; variant < 4; variant++) {
+            sdpa_ctx c;
+            sdpa_setup(&c, all_kernels[i], variant & 1, variant & 2);
+            char name[96];
+            snprintf(name, sizeof name, "mha_sdpa_forward(kernel %s, masks %d, weights %d)",
+                     mha_kernel_name(all_kernels[i]), variant & 1, (variant & 2) != 0);
+            oom_loop(name, call_sdpa, &c);
+            sdpa_teardown(&c);
+        }
+    }
+}
+
+/* ---- multi-head attention --------------------------------------------------- */
+
+typedef struct mh_ctx {
+    mha_tensor x, kx, vx, o, w_in, wq, wk, wv, b_in, w_out, b_out, bk, bv, am, kpm, wts;
+    float *buf[16];
+    int nbuf;
+    mha_multihead_weights w;
+    mha_multihead_options opt;
+    bool cross;
+} mh_ctx;
+
+static float *mh_tensor(mh_ctx *c, mha_tensor *t, int ndim, const int64_t *shape) {
+    float *p = test_tensor(t, ndim, shape, (uint64_t)(100 + c->nbuf));
+    c->buf[c->nbuf++] = p;
+    return p;
+}
+
+/* E=6 H=2 B=2 L=4 S=5 kdim=3 vdim=7.  variant bits: 1 cross-attention with
+ * separate weights, 2 masks (bool attn_mask + float kpm + causal),
+ * 4 add_bias_kv + add_zero_attn, 8 weights averaged, 16 weights per head,
+ * 32 unbatched. */
+static void mh_setup(mh_ctx *c, int variant, mha_kernel kernel) {
+    memset(c, 0, sizeof *c);
+    const int64_t E = 6, B = 2, L = 4, S = 5, kd = 3, vd = 7;
+    bool cross = variant & 1, ub = variant & 32;
+    c->cross = cross;
+    int64_t xs[3] = {B, L, E}, ks[3] = {B, S, cross ? kd : E}, vs[3] = {B, S, cross ? vd : E};
+    int o = ub ? 1 : 0, nd = ub ? 2 : 3;
+    mh_tensor(c, &c->x, nd, xs + o);
+    mh_tensor(c, &c->o, nd, xs + o);
+    if (cross) {
+        mh_tensor(c, &c->kx, nd, ks + o);
+        mh_tensor(c, &c->vx, nd, vs + o);
+        mh_tensor(c, &c->wq, 2, (int64_t[]){E, E});
+        mh_tensor(c, &c->wk, 2, (int64_t[]){E, kd});
+        mh_tensor(c, &c->wv, 2, (int64_t[]){E, vd});
+        c->w.q_proj_weight = &c->wq, c->w.k_proj_weight = &c->wk, c->w.v_proj_weight = &c->wv;
+    } else {
+        mh_tensor(c, &c->w_in, 2, (int64_t[]){3 * E, E});
+        c->w.in_proj_weight = &c->w_in;
+    }
+    mh_tensor(c, &c->b_in, 1, (int64_t[]){3 * E});
+    mh_tensor(c, &c->w_out, 2, (int64_t[]){E, E});
+    mh_tensor(c, &c->b_out, 1, (int64_t[]){E});
+    c->w.in_proj_bias = &c->b_in, c->w.out_proj_weight = &c->w_out, c->w.out_proj_bias = &c->b_out;
+    mha_multihead_options_init(&c->opt);
+    c->opt.num_heads = 2;
+    c->opt.kernel = kernel;
+    int64_t Sk = cross ? S : L;
+    if (variant & 2) {
+        uint8_t *am = calloc((size_t)(L * Sk), 1);
+        for (int64_t i = 0; i < L * Sk; i++)
+            am[i] = (i % 5) == 3;
+        c->buf[c->nbuf++] = (float *)am;
+        mha_tensor_init(&c->am, MHA_BOOL, am, 2, (int64_t[]){L, Sk});
+        float *kp = mh_tensor(c, &c->kpm, ub ? 1 : 2, (int64_t[]){B, Sk} + o);
+        for (int64_t i = 0; i < (ub ? 1 : B) * Sk; i++)
+            kp[i] = (i % 3) ? 0.0f : -1.5f;
+        c->opt.attn_mask = &c->am;
+        c->opt.key_padding_mask = &c->kpm;
+        c->opt.causal = 1;
+    }
+    if (variant & 4) {
+        mh_tensor(c, &c->bk, 3, (int64_t[]){1, 1, E});
+        mh_tensor(c, &c->bv, 1, (int64_t[]){E});
+        c->w.bias_k = &c->bk, c->w.bias_v = &c->bv;
+        c->opt.add_zero_attn = 1;
+    }
+    int64_t Sx = Sk + ((variant & 4) ? 2 : 0);
+    if (variant & 8) {
+        int64_t ws[3] = {B, L, Sx};
+        mh_tensor(c, &c->wts, nd, ws + o);
+        c->opt.weights = &c->wts;
+    } else if (variant & 16) {
+        int64_t ws[4] = {B, 2, L, Sx};
+        mh_tensor(c, &c->wts, ub ? 3 : 4, ws + o);
+        c->opt.weights = &c->wts;
+        c->opt.average_weights = 0;
+    }
+}
+
+static void mh_teardown(mh_ctx *c) {
+    for (int i = 0; i < c->nbuf; i++)
+        free(c->buf[i]);
+}
+
+static mha_status call_mh(void *ctx) {
+    mh_ctx *c = ctx;
+    const mha_tensor *k = c->cross ? &c->kx : &c->x, *v = c->cross ? &c->vx : &c->x;
+    return mha_multihead_forward(&c->o, &c->x, k, v, &c->w, &c->opt);
+}
+
+TEST(oom_multihead_masks_bias_kv_weights) {
+    static const int variants[] = {0, 1, 2, 3, 4, 6, 7, 8, 16, 2 | 4 | 8, 1 | 2 | 4 | 16, 32,
+                                   32 | 2 | 4 | 8, 32 | 1 | 16};
+    for (size_t k = 0; k < sizeof all_kernels / sizeof *all_kernels; k++) {
+        if (!kernel_available(all_kernels[k]))
+            continue;
+        for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) {
+            mh_ctx c;
+            mh_setup(&c, variants[i], all_kernels[k]);
+            char name[96];
+            snprintf(name, sizeof name, "mha_multihead_forward(variant %d, kernel %s)",
+                     variants[i], mha_kernel_name(all_kernels[k]));
+            oom_loop(name, call_mh, &c);
+            mh_teardown(&c);
+        }
+    }
+}
+
+/* ---- files -------------------------------------------------------------------- */
+
+static const char *fixture(const char *name) {
+    static char buf[512];
+    snprintf(buf, sizeof buf, "%s/io/%s", test_fixture_root(), name);
+    return buf;
+}
+
+typedef struct npy_ctx {
+    const char *path;
+    mha_dtype want;
+    int any, as_mask;
+} npy_ctx;
+
+static mha_status call_npy_load(void *ctx) {
+    npy_ctx *c = ctx;
+    mha_tensor t;
+    memset(&t, 0xAB, sizeof t);
+    mha_dtype fd;
+    mha_status st = c->any ? mha_npy_load_any(c->path, c->as_mask, &t, &fd)
+                           : mha_npy_load(c->path, c->want, &t);
+    if (st == MHA_OK)
+        mha_tensor_free(&t);
+    else
+        CHECK(t.data == NULL || t.data == (void *)(uintptr_t)0xABABABABABABABABull);
+    return st;
+}
+
+static char tmp_path[256];
+
+static const char *tmp_file(void) {
+    if (!tmp_path[0])
+        snprintf(tmp_path, sizeof tmp_path, "/tmp/mha-oom-%d.npy", (int)getpid());
+    return tmp_path;
+}
+
+typedef struct save_ctx {
+    const mha_tensor *t;
+    mha_dtype as;
+} save_ctx;
+
+static mha_status call_npy_save(void *ctx) {
+    save_ctx *c = ctx;
+    mha_status st = mha_npy_save(tmp_file(), c->t, c->as);
+    if (st != MHA_OK)
+        CHECK(access(tmp_file(), F_OK) != 0); /* no half-written file left */
+    remove(tmp_file());
+    return st;
+}
+
+static const npy_ctx npy_cases[] = {
+    {"np_f4_3x5.npy", MHA_F32, 0, 0},      {"np_f8_3x5.npy", MHA_F32, 0, 0},
+    {"np_f2_7x8.npy", MHA_F32, 0, 0},      {"np_b1_3x5.npy", MHA_BOOL, 0, 0},
+    {"np_i8_3x5.npy", MHA_I64, 0, 0},      {"np_f4_2x3x4x5.npy", MHA_F32, 0, 0},
+    {"np_u1_3x5.npy", MHA_F32, 1, 1},      {"np_i4_3x5.npy", MHA_F32, 1, 0},
+    {"np_f4_0x3.npy", MHA_F32, 0, 0},
+};
+
+TEST(oom_npy_load_and_save) {
+    for (size_t i = 0; i < sizeof npy_cases / sizeof *npy_cases; i++) {
+        npy_ctx c = npy_cases[i];
+        c.path = fixture(npy_cases[i].path);
+        if (access(c.path, R_OK) != 0)
+            continue; /* fixture set changed: covered by test_io_npy */
+        char name[128];
+        snprintf(name, sizeof name, "mha_npy_load(%s)", npy_cases[i].path);
+        oom_loop(name, call_npy_load, &c);
+    }
+    mha_tensor t;
+    float *data = test_tensor(&t, 3, (int64_t[]){2, 3, 4}, 9);
+    mha_tensor strided = t; /* a non-contiguous view: every other row */
+    strided.shape[1] = 2, strided.stride[1] = 8;
+    save_ctx cases[] = {{&t, MHA_F32}, {&t, MHA_F16}, {&strided, MHA_F32}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        oom_loop("mha_npy_save", call_npy_save, &cases[i]);
+    free(data);
+}
+
+/* ---- I/O faults ---------------------------------------------------------------- */
+
+/* The read loop: fault at the k-th read/map/write, once and persistently,
+ * until a call completes without meeting it.  A read error must end in
+ * MHA_ERR_IO, a premature end of file in MHA_ERR_FORMAT, unless the fault
+ * hit an operation the code may recover from (a map attempt falls back to
+ * reads; a short read is retried): then MHA_OK is fine too.  For a writer
+ * (writes) every injected fault is a failed write: MHA_ERR_IO. */
+static int64_t io_loop(const char *name, oom_call call, void *ctx, bool writes) {
+    static const mha_io_fault faults[] = {MHA_IO_FAULT_FAIL, MHA_IO_FAULT_SHORT, MHA_IO_FAULT_EOF};
+    static const char *fault_names[] = {"read error", "short read", "end of file"};
+    int64_t points = 0;
+    for (int f = 0; f < 3; f++)
+        for (int persistent = 0; persistent <= 1; persistent++)
+            for (int64_t k = 1;; k++) {
+                int64_t live0 = mha_test_live_allocs(), count0 = mha_test_io_count();
+                mha_test_fail_io(k, persistent, faults[f]);
+                mha_status st = call(ctx);
+                mha_test_fail_io(0, 0, MHA_IO_FAULT_FAIL);
+                int64_t ops = mha_test_io_count() - count0;
+                if (mha_test_live_allocs() != live0)
+                    test_fail(__FILE__, __LINE__, "%s: %s at op %lld leaks", name,
+                              fault_names[f], (long long)k);
+                if (ops < k) {
+                    if (st != MHA_OK)
+                        test_fail(__FILE__, __LINE__, "%s: uninjected run -> %s (%s)", name,
+                                  mha_status_string(st), mha_last_error());
+                    break;
+                }
+                points++;
+                bool ok = st == MHA_OK ||
+                          (faults[f] == MHA_IO_FAULT_FAIL && st == MHA_ERR_IO) ||
+                          (faults[f] == MHA_IO_FAULT_EOF && st == MHA_ERR_FORMAT);
+                if (faults[f] == MHA_IO_FAULT_SHORT && !persistent)
+                    ok = st == MHA_OK; /* one short read is always retried */
+                if (writes)
+                    ok = st == MHA_ERR_IO;
+                if (!ok)
+                    test_fail(__FILE__, __LINE__, "%s: %s at op %lld (%s) -> %s (%s)", name,
+                              fault_names[f], (long long)k, persistent ? "persistent" : "once",
+                              mha_status_string(st), mha_last_error());
+                if (st != MHA_OK && mha_last_error()[0] == '\0')
+                    test_fail(__FILE__, __LINE__, "%s: failure without a message", name);
+                if (k > 100000 || test_failures() > 20)
+                    break;
+            }
+    io_points += points;
+    return points;
+}
+
+TEST(io_faults_npy_load_and_save) {
+    for (size_t i = 0; i < sizeof npy_cases / sizeof *npy_cases; i++) {
+        npy_ctx c = npy_cases[i];
+        c.path = fixture(npy_cases[i].path);
+        if (access(c.path, R_OK) != 0)
+            continue;
+        char name[128];
+        snprintf(name, sizeof name, "mha_npy_load(%s)", npy_cases[i].path);
+        io_loop(name, call_npy_load, &c, false);
+    }
+    mha_tensor t;
+    float *data = test_tensor(&t, 2, (int64_t[]){3, 4}, 10);
+    save_ctx c = {&t, MHA_F32};
+    io_loop("mha_npy_save", call_npy_save, &c, true);
+    free(data);
+}
+
+/* Runs last (tests run in name order): the figure for the report. */
+TEST(zz_oom_injection_point_count) {
+    printf("oom: %lld injection points (%lld allocation, %lld i/o)\n",
+           (long long)(alloc_points + io_points), (long long)alloc_points, (long long)io_points);
+    CHECK(alloc_points > 0);
+}

@@ -2,10 +2,10 @@
  * nn.RMSNorm).
  *
  * Letter legend: N rows, E normalised width.
- * Both use the biased variance / mean square of the row.  The float32 path
- * accumulates in double per row (E is small next to the GEMMs, and this
- * keeps it within rounding of PyTorch's two-pass float kernels); the
- * reference is a literal float64 transcription of the formula.
+ * Both use the biased variance / mean square of the row.  The fast path
+ * keeps the row statistics and the centring in double (E is small next to
+ * the GEMMs, and a float mean loses digits when |mean| >> std), parallel over
+ * rows; the reference is a literal float64 transcription of the formula.
  */
 #include "layers.h"
 
@@ -20,15 +20,14 @@ void mha_layernorm_f32(float *y, const float *x, int64_t N, int64_t E, const flo
         double sum = 0.0;
         for (int64_t c = 0; c < E; c++)
             sum += xr[c];
-        const float mean = (float)(sum / (double)E);
+        const double mean = sum / (double)E;
         double sq = 0.0;
+        for (int64_t c = 0; c < E; c++)
+            sq += (xr[c] - mean) * (xr[c] - mean);
+        const double rstd = 1.0 / sqrt(sq / (double)E + (double)eps);
         for (int64_t c = 0; c < E; c++) {
-            float dlt = xr[c] - mean;
-            sq += (double)dlt * dlt;
-        }
-        const float rstd = (float)(1.0 / sqrt(sq / (double)E + (double)eps));
-        for (int64_t c = 0; c < E; c++) {
-            float v = (xr[c] - mean) * rstd;
+            /* centred in double: a float mean loses digits when |mean| >> std */
+            float v = (float)((xr[c] - mean) * rstd);
             if (w)
                 v *= w[c];
             if (b)

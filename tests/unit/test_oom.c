@@ -411,6 +411,80 @@ TEST(io_faults_npy_load_and_save) {
     free(data);
 }
 
+/* ---- safetensors ----------------------------------------------------------------- */
+
+/* Opens a file and takes every tensor out both ways (owned copy and view),
+ * reads the metadata; frees all.  A failed open leaves *st NULL. */
+static mha_status call_safetensors(void *ctx) {
+    const char *path = ctx;
+    mha_safetensors *st = (mha_safetensors *)(uintptr_t)1; /* garbage in */
+    mha_status s = mha_safetensors_open(path, &st);
+    if (s != MHA_OK) {
+        CHECK(st == NULL);
+        return s;
+    }
+    for (int64_t i = 0; i < mha_safetensors_count(st) && s == MHA_OK; i++) {
+        const char *name = mha_safetensors_name(st, i);
+        int ndim = 0;
+        s = mha_safetensors_info(st, i, NULL, &ndim, NULL);
+        if (s != MHA_OK || ndim > MHA_MAX_DIMS)
+            continue;
+        mha_tensor t;
+        memset(&t, 0xAB, sizeof t);
+        s = mha_safetensors_get_f32(st, name, &t);
+        if (s == MHA_OK)
+            mha_tensor_free(&t);
+        else
+            break;
+        s = mha_safetensors_view_f32(st, name, &t);
+    }
+    for (int64_t i = 0; i < mha_safetensors_metadata_count(st); i++)
+        (void)mha_safetensors_metadata(st, mha_safetensors_metadata_key(st, i));
+    mha_safetensors_free(st);
+    return s;
+}
+
+static mha_status call_safetensors_write(void *ctx) {
+    (void)ctx;
+    mha_tensor a, b;
+    float *da = test_tensor(&a, 2, (int64_t[]){3, 4}, 11);
+    uint8_t mask[6] = {1, 0, 1, 1, 0, 0};
+    mha_tensor_init(&b, MHA_BOOL, mask, 2, (int64_t[]){2, 3});
+    const char *names[] = {"w", "mask"};
+    const mha_tensor *ts[] = {&a, &b};
+    const char *keys[] = {"format"}, *values[] = {"pt"};
+    mha_status s = mha_safetensors_write(tmp_file(), names, ts, 2, keys, values, 1);
+    if (s != MHA_OK)
+        CHECK(access(tmp_file(), F_OK) != 0);
+    remove(tmp_file());
+    free(da);
+    return s;
+}
+
+static const char *st_files[] = {"st_dtypes.safetensors", "st_misaligned.safetensors"};
+
+TEST(oom_safetensors_open_get_view_write) {
+    for (size_t i = 0; i < sizeof st_files / sizeof *st_files; i++) {
+        char path[512], name[128];
+        snprintf(path, sizeof path, "%s", fixture(st_files[i]));
+        snprintf(name, sizeof name, "mha_safetensors(%s)", st_files[i]);
+        if (access(path, R_OK) == 0)
+            oom_loop(name, call_safetensors, path);
+    }
+    oom_loop("mha_safetensors_write", call_safetensors_write, NULL);
+}
+
+TEST(io_faults_safetensors_open_get_view_write) {
+    for (size_t i = 0; i < sizeof st_files / sizeof *st_files; i++) {
+        char path[512], name[128];
+        snprintf(path, sizeof path, "%s", fixture(st_files[i]));
+        snprintf(name, sizeof name, "mha_safetensors(%s)", st_files[i]);
+        if (access(path, R_OK) == 0)
+            io_loop(name, call_safetensors, path, false);
+    }
+    io_loop("mha_safetensors_write", call_safetensors_write, NULL, true);
+}
+
 /* Runs last (tests run in name order): the figure for the report. */
 TEST(zz_oom_injection_point_count) {
     printf("oom: %lld injection points (%lld allocation, %lld i/o)\n",

@@ -1,14 +1,509 @@
-/* attention_flash.c - placeholder until the fused kernels land (issue 5). */
-#include "../internal.h"
+/* attention_flash.c - fused (flash-style) attention: the driver shared by every
+ * ISA, and the portable scalar inner loops.
+ *
+ * Letter legend: B batch, Hq query heads, Hkv kv heads, L query length,
+ * S key length, d head dim of q/k, dv head dim of v; tile letters BR, BC,
+ * MR, NR, dvp as in attention_flash.h.  Reference: attention_ref.c.
+ *
+ * ref: Dao et al., "FlashAttention: Fast and Memory-Efficient Exact Attention
+ * with IO-Awareness" (NeurIPS 2022), Algorithm 1; Milakov & Gimelshein,
+ * "Online normalizer calculation for softmax" (2018).
+ *
+ * Per work item (b, h, tile of BR query rows) and per block of BC keys:
+ *   1. S = Q K^T by register blocks of MR x NR over packed K panels; under
+ *      causal masking only the panels some row of the block can see;
+ *   2. per row: scale, bias (masks, key padding, causal), -inf where masked;
+ *      m' = max(m, max_j s) (NaN poisons), rescale O and l by exp(m - m')
+ *      only when the maximum changed; p = exp(s - m'), l += sum p (before
+ *      dropout), then dropout on p (same keep test as the reference);
+ *   3. O += P V over packed V panels.
+ * Finally O / l, or the masked-row policy when no key was ever visible.
+ * Masked columns carry p = -0.0f; when a V block holds a non-finite value
+ * the P V product of that block takes a loop that skips them, so NaN/Inf in
+ * masked keys or values never reach the output.  The L x S matrix is never
+ * built; with weights requested a second pass recomputes S per block with the
+ * final m and l and writes weights directly.
+ *
+ * Threads: K and V are packed per (b, kv head) once, by a static split of
+ * (pair, block) tasks, then items (pair, head in group, query tile) run with
+ * a dynamic schedule.  Every item is computed by the same code whichever
+ * thread takes it, so the output is bit-identical for any thread count.
+ */
+#include "attention_flash.h"
 
-mha_kernel mha_attn_best_kernel(void) { return MHA_KERNEL_REF; }
+#include <math.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+enum { MR = MHA_FLASH_MR, NR = MHA_FLASH_NR, BR = MHA_FLASH_BR, BC = MHA_FLASH_BC };
+
+/* Packed K/V of a group of (b, kv head) pairs is capped near this size so a
+ * very large problem is processed in chunks of pairs (linear memory). */
+#define PACK_BUDGET_BYTES ((size_t)64 << 20)
+
+static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+static int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
+static bool is_masked_mark(float x) { return x == 0.0f && signbit(x); }
+
+/* ---- portable scalar inner loops ------------------------------------------ */
+
+static void qk_scalar(float *s, int64_t lds, const float *q, int64_t ldq, const float *kp,
+                      int64_t d, int64_t npanels) {
+    for (int64_t p = 0; p < npanels; p++) {
+        const float *k = kp + p * d * NR;
+        float acc[MR][NR] = {{0}};
+        for (int64_t c = 0; c < d; c++)
+            for (int r = 0; r < MR; r++) {
+                float a = q[r * ldq + c];
+                for (int jj = 0; jj < NR; jj++)
+                    acc[r][jj] += a * k[c * NR + jj];
+            }
+        for (int r = 0; r < MR; r++)
+            memcpy(s + r * lds + p * NR, acc[r], sizeof acc[r]);
+    }
+}
+
+static void pv_scalar(float *o, int64_t ldo, const float *p, int64_t ldp, const float *vp,
+                      int64_t n, int64_t dvp) {
+    for (int64_t cp = 0; cp < dvp / NR; cp++) {
+        const float *v = vp + cp * BC * NR;
+        float acc[MR][NR];
+        for (int r = 0; r < MR; r++)
+            memcpy(acc[r], o + r * ldo + cp * NR, sizeof acc[r]);
+        for (int64_t j = 0; j < n; j++)
+            for (int r = 0; r < MR; r++) {
+                float a = p[r * ldp + j];
+                for (int jj = 0; jj < NR; jj++)
+                    acc[r][jj] += a * v[j * NR + jj];
+            }
+        for (int r = 0; r < MR; r++)
+            memcpy(o + r * ldo + cp * NR, acc[r], sizeof acc[r]);
+    }
+}
+
+static float row_scores_scalar(float *s, int64_t n, int64_t lim, float scale, const float *bias) {
+    float mx = -INFINITY;
+    bool nan = false;
+    for (int64_t j = 0; j < lim; j++) {
+        float x = s[j] * scale;
+        if (bias)
+            x = bias[j] == -INFINITY ? -INFINITY : x + bias[j];
+        s[j] = x;
+        if (isnan(x))
+            nan = true;
+        else if (x > mx)
+            mx = x;
+    }
+    for (int64_t j = lim; j < n; j++)
+        s[j] = -INFINITY;
+    return nan ? NAN : mx;
+}
+
+static float row_exp_scalar(float *s, int64_t n, float m) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        s[j] = s[j] == -INFINITY ? -0.0f : expf(s[j] - m);
+        sum += s[j];
+    }
+    return sum;
+}
+
+static const mha_flash_isa isa_scalar = {"scalar", qk_scalar, pv_scalar, row_scores_scalar,
+                                         row_exp_scalar};
+
+/* ---- packing ----------------------------------------------------------------- */
+
+typedef struct flash_plan {
+    const mha_attn_problem *p;
+    const mha_flash_isa *isa;
+    int64_t G;          /* query heads per kv head                         */
+    int64_t nqb, nkb;   /* query tiles, key blocks                         */
+    int64_t dvp;        /* dv rounded up to NR                             */
+    int64_t pair_floats;/* packed K and V of one (b, kv head)              */
+    bool has_bias;      /* a mask or key padding mask is present            */
+    size_t ws_floats;   /* per-thread workspace                             */
+} flash_plan;
+
+/* Packs key block kb of pair (b, hk) into kp (BC/NR, d, NR) and vp
+ * (dvp/NR, BC, NR), zero padded; returns true when V holds a non-finite
+ * value in the block's real rows. */
+static bool pack_kv_block(const flash_plan *pl, int64_t b, int64_t hk, int64_t kb, float *kp,
+                          float *vp) {
+    const mha_attn_problem *p = pl->p;
+    const int64_t d = p->d, dv = p->dv, j0 = kb * BC;
+    const int64_t n = p->S - j0 < BC ? p->S - j0 : BC;
+    const float *k = (const float *)p->k.data + b * p->k.stride[0] + hk * p->k.stride[1];
+    const float *v = (const float *)p->v.data + b * p->v.stride[0] + hk * p->v.stride[1];
+    memset(kp, 0, sizeof(float) * (size_t)(BC * d));
+    memset(vp, 0, sizeof(float) * (size_t)(BC * pl->dvp));
+    bool nonfinite = false;
+    for (int64_t j = 0; j < n; j++) {
+        const float *kr = k + (j0 + j) * p->k.stride[2];
+        float *kd = kp + (j / NR) * d * NR + j % NR;
+        for (int64_t c = 0; c < d; c++)
+            kd[c * NR] = kr[c * p->k.stride[3]];
+        const float *vr = v + (j0 + j) * p->v.stride[2];
+        for (int64_t c = 0; c < dv; c++) {
+            float x = vr[c * p->v.stride[3]];
+            nonfinite |= !isfinite(x);
+            vp[(c / NR) * BC * NR + j * NR + c % NR] = x;
+        }
+    }
+    return nonfinite;
+}
+
+/* ---- one work item ----------------------------------------------------------- */
+
+typedef struct flash_ws {
+    float *qp;   /* (BR, d)                   */
+    float *s;    /* (BR, BC)                  */
+    float *bias; /* (BR, BC), when has_bias    */
+    float *o;    /* (BR, dvp)                 */
+    float *m, *l;/* (BR)                      */
+} flash_ws;
+
+static size_t ws_layout(const flash_plan *pl, float *base, flash_ws *w) {
+    const size_t al = 16; /* floats: keep every array on a 64-byte line */
+    size_t sizes[6] = {(size_t)(BR * pl->p->d), (size_t)(BR * BC),
+                       pl->has_bias ? (size_t)(BR * BC) : 0, (size_t)(BR * pl->dvp), BR, BR};
+    float **dst[6] = {&w->qp, &w->s, &w->bias, &w->o, &w->m, &w->l};
+    size_t off = 0;
+    for (int i = 0; i < 6; i++) {
+        if (base)
+            *dst[i] = base + off;
+        off += (sizes[i] + al - 1) / al * al;
+    }
+    return off;
+}
+
+/* bias (rows, BC) of key block j0..j0+n for query rows i0..: mask + key
+ * padding; returns false when every entry a row can see is -inf. */
+static bool build_bias(const mha_attn_problem *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                       int64_t j0, int64_t n, float *bias) {
+    bool live = false;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t i = i0 + r;
+        int64_t lim = n;
+        if (p->causal != MHA_CAUSAL_NONE)
+            lim = clamp64(i + p->causal_offset + 1 - j0, 0, n);
+        float *br = bias + r * BC;
+        for (int64_t j = 0; j < lim; j++) {
+            float x = 0.0f;
+            if (p->mask.data) {
+                int64_t idx[4] = {b, h, i, j0 + j};
+                x += mha_mask_value(&p->mask, mha_offset(&p->mask, idx), p->mask_polarity);
+            }
+            if (p->kpm.data) {
+                int64_t idx[4] = {b, h, i, j0 + j};
+                x += mha_mask_value(&p->kpm, mha_offset(&p->kpm, idx), p->kpm_polarity);
+            }
+            br[j] = x;
+            live |= x != -INFINITY;
+        }
+    }
+    return live;
+}
+
+/* Columns of the block that row group g0.. (rows i0+g0 .. i0+g1-1) may see. */
+static int64_t group_cols(const mha_attn_problem *p, int64_t i_last, int64_t j0, int64_t n) {
+    if (p->causal == MHA_CAUSAL_NONE)
+        return n;
+    return clamp64(i_last + p->causal_offset + 1 - j0, 0, n);
+}
+
+static int64_t row_lim(const mha_attn_problem *p, int64_t i, int64_t j0, int64_t n) {
+    return group_cols(p, i, j0, n);
+}
+
+/* S block for rows 0..rows of the tile: fills s, applies the epilogue per
+ * row; ncg[g] receives the visible columns of row group g.  Returns false
+ * when the whole block is masked for every row. */
+static bool score_block(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t h,
+                        int64_t i0, int64_t rows, int64_t kb, const float *kp, int64_t *ncg) {
+    const mha_attn_problem *p = pl->p;
+    const int64_t j0 = kb * BC, n = p->S - j0 < BC ? p->S - j0 : BC, d = p->d;
+    if (pl->has_bias && !build_bias(p, b, h, i0, rows, j0, n, w->bias))
+        return false;
+    bool any = false;
+    for (int64_t g0 = 0, g = 0; g0 < rows; g0 += MR, g++) {
+        int64_t g1 = g0 + MR < rows ? g0 + MR : rows;
+        ncg[g] = group_cols(p, i0 + g1 - 1, j0, n);
+        if (ncg[g] > 0) {
+            pl->isa->qk(w->s + g0 * BC, BC, w->qp + g0 * d, d, kp, d, (ncg[g] + NR - 1) / NR);
+            any = true;
+        }
+    }
+    return any;
+}
+
+static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t h, int64_t hk,
+                     int64_t qb, const float *pair, const bool *vflags) {
+    const mha_attn_problem *p = pl->p;
+    const int64_t d = p->d, dv = p->dv, dvp = pl->dvp, i0 = qb * BR;
+    const int64_t rows = p->L - i0 < BR ? p->L - i0 : BR, rowsp = round_up(rows, MR);
+    const float *kpack = pair, *vpack = pair + pl->nkb * BC * d;
+    int64_t ncg[BR / MR];
+
+    /* pack the query tile (zero rows up to a whole register block) */
+    const float *q = (const float *)p->q.data + b * p->q.stride[0] + h * p->q.stride[1];
+    for (int64_t r = 0; r < rowsp; r++)
+        for (int64_t c = 0; c < d; c++)
+            w->qp[r * d + c] = r < rows ? q[(i0 + r) * p->q.stride[2] + c * p->q.stride[3]] : 0.0f;
+    memset(w->o, 0, sizeof(float) * (size_t)(rowsp * dvp));
+    for (int64_t r = 0; r < rows; r++)
+        w->m[r] = -INFINITY, w->l[r] = 0.0f;
+
+    /* the last key any row of the tile can see under causal masking */
+    int64_t nkb = pl->nkb;
+    if (p->causal != MHA_CAUSAL_NONE) {
+        int64_t last = i0 + rows - 1 + p->causal_offset; /* may be < 0 */
+        nkb = last < 0 ? 0 : (last < p->S ? last / BC + 1 : pl->nkb);
+    }
+    const float keep = p->dropout ? 1.0f / (1.0f - p->dropout_p) : 1.0f;
+
+    for (int64_t kb = 0; kb < nkb; kb++) {
+        const int64_t j0 = kb * BC;
+        if (!score_block(pl, w, b, h, i0, rows, kb, kpack + kb * BC * d, ncg))
+            continue;
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t ng = ncg[r / MR];
+            if (ng == 0)
+                continue;
+            float *sr = w->s + r * BC;
+            float mb = pl->isa->row_scores(sr, ng, row_lim(p, i0 + r, j0, ng), p->scale,
+                                           pl->has_bias ? w->bias + r * BC : NULL);
+            float mold = w->m[r];
+            float mnew = (isnan(mold) || isnan(mb)) ? NAN : (mb > mold ? mb : mold);
+            if (mnew == -INFINITY) { /* nothing visible yet: all masked */
+                for (int64_t j = 0; j < ng; j++)
+                    sr[j] = -0.0f;
+                continue;
+            }
+            if (!(mnew == mold)) {
+                if (mold != -INFINITY) { /* lazy rescale: only when the max moved */
+                    float alpha = expf(mold - mnew);
+                    float *orow = w->o + r * dvp;
+                    for (int64_t c = 0; c < dvp; c++)
+                        orow[c] *= alpha;
+                    w->l[r] *= alpha;
+                }
+                w->m[r] = mnew;
+            }
+            w->l[r] += pl->isa->row_exp(sr, ng, mnew);
+            if (p->dropout)
+                for (int64_t j = 0; j < ng; j++)
+                    if (!is_masked_mark(sr[j]))
+                        sr[j] = mha_dropout_uniform(p->seed, b, h, i0 + r, j0 + j) < p->dropout_p
+                                    ? 0.0f
+                                    : sr[j] * keep;
+        }
+        const float *vp = vpack + kb * BC * dvp;
+        for (int64_t g0 = 0, g = 0; g0 < rows; g0 += MR, g++) {
+            const int64_t ng = ncg[g];
+            if (ng == 0)
+                continue;
+            if (!vflags[kb]) {
+                pl->isa->pv(w->o + g0 * dvp, dvp, w->s + g0 * BC, BC, vp, ng, dvp);
+                continue;
+            }
+            /* non-finite V in this block: skip masked columns explicitly */
+            for (int64_t r = g0; r < g0 + MR && r < rows; r++)
+                for (int64_t j = 0; j < ng; j++) {
+                    float pj = w->s[r * BC + j];
+                    if (is_masked_mark(pj))
+                        continue;
+                    for (int64_t c = 0; c < dv; c++)
+                        w->o[r * dvp + c] += pj * vp[(c / NR) * BC * NR + j * NR + c % NR];
+                }
+        }
+    }
+
+    /* write the output rows */
+    float *o = (float *)p->o.data + b * p->o.stride[0] + h * p->o.stride[1];
+    const float fill = p->masked_rows == MHA_MASKED_ROWS_NAN ? NAN : 0.0f;
+    for (int64_t r = 0; r < rows; r++) {
+        float *orow = o + (i0 + r) * p->o.stride[2];
+        bool dead = w->m[r] == -INFINITY;
+        for (int64_t c = 0; c < dv; c++)
+            orow[c * p->o.stride[3]] = dead ? fill : w->o[r * dvp + c] / w->l[r];
+    }
+    if (!p->weights.data)
+        return;
+
+    /* weights: a second pass over the blocks with the final m and l */
+    float *wt = (float *)p->weights.data + b * p->weights.stride[0] + h * p->weights.stride[1];
+    const int64_t ws3 = p->weights.stride[3];
+    for (int64_t kb = 0; kb < pl->nkb; kb++) {
+        const int64_t j0 = kb * BC, n = p->S - j0 < BC ? p->S - j0 : BC;
+        bool live = kb < nkb && score_block(pl, w, b, h, i0, rows, kb, kpack + kb * BC * d, ncg);
+        for (int64_t r = 0; r < rows; r++) {
+            float *wr = wt + (i0 + r) * p->weights.stride[2] + j0 * ws3;
+            const int64_t ng = live ? ncg[r / MR] : 0;
+            if (w->m[r] == -INFINITY) {
+                for (int64_t j = 0; j < n; j++)
+                    wr[j * ws3] = fill;
+                continue;
+            }
+            float *sr = w->s + r * BC;
+            if (ng > 0) {
+                pl->isa->row_scores(sr, ng, row_lim(p, i0 + r, j0, ng), p->scale,
+                                    pl->has_bias ? w->bias + r * BC : NULL);
+                pl->isa->row_exp(sr, ng, w->m[r]);
+            }
+            for (int64_t j = 0; j < n; j++) {
+                float x = j < ng ? sr[j] : -0.0f;
+                if (is_masked_mark(x)) {
+                    wr[j * ws3] = 0.0f;
+                    continue;
+                }
+                x /= w->l[r];
+                if (p->dropout)
+                    x = mha_dropout_uniform(p->seed, b, h, i0 + r, j0 + j) < p->dropout_p
+                            ? 0.0f
+                            : x * keep;
+                wr[j * ws3] = x;
+            }
+        }
+    }
+}
+
+/* ---- the driver --------------------------------------------------------------- */
+
+mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *isa) {
+    flash_plan pl = {.p = p, .isa = isa};
+    pl.G = p->Hq / p->Hkv;
+    pl.nqb = (p->L + BR - 1) / BR;
+    pl.nkb = (p->S + BC - 1) / BC;
+    pl.dvp = round_up(p->dv > 0 ? p->dv : 1, NR);
+    pl.has_bias = p->mask.data || p->kpm.data;
+    pl.pair_floats = pl.nkb * BC * (p->d + pl.dvp);
+    pl.ws_floats = ws_layout(&pl, NULL, &(flash_ws){0});
+
+    /* pairs per chunk: the packed K/V of a chunk stays near the budget */
+    const int64_t pairs = p->B * p->Hkv;
+    const size_t pair_bytes = sizeof(float) * (size_t)(pl.pair_floats > 0 ? pl.pair_floats : 1);
+    int64_t chunk = (int64_t)(PACK_BUDGET_BYTES / pair_bytes);
+    chunk = clamp64(chunk, 1, pairs);
+
+    const int nthreads = mha_threads();
+    size_t pack_floats, ws_all, total;
+    MHA_CHECK(!mha_size_mul_overflows((size_t)chunk, (size_t)pl.pair_floats, &pack_floats) &&
+                  !mha_size_mul_overflows((size_t)nthreads, pl.ws_floats, &ws_all) &&
+                  !__builtin_add_overflow(pack_floats, ws_all, &total) &&
+                  !mha_size_mul_overflows(total, sizeof(float), &total),
+              MHA_ERR_OVERFLOW, "attention: workspace size overflows");
+    float *buf = mha_malloc(total ? total : 1);
+    bool *vflags = mha_malloc(sizeof(bool) * (size_t)(chunk * pl.nkb + 1));
+    if (!buf || !vflags) {
+        mha_free(buf);
+        mha_free(vflags);
+        return mha_error(MHA_ERR_NOMEM, "attention: cannot allocate %zu bytes of workspace",
+                         total);
+    }
+    float *pack = buf, *wsbase = buf + pack_floats;
+
+#pragma omp parallel num_threads(nthreads)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        flash_ws w;
+        ws_layout(&pl, wsbase + (size_t)tid * pl.ws_floats, &w);
+        for (int64_t c0 = 0; c0 < pairs; c0 += chunk) {
+            const int64_t np = pairs - c0 < chunk ? pairs - c0 : chunk;
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < np * pl.nkb; t++) {
+                int64_t pr = t / pl.nkb, kb = t % pl.nkb, pair = c0 + pr;
+                float *base = pack + pr * pl.pair_floats;
+                vflags[t] = pack_kv_block(&pl, pair / p->Hkv, pair % p->Hkv, kb,
+                                          base + kb * BC * p->d,
+                                          base + pl.nkb * BC * p->d + kb * BC * pl.dvp);
+            }
+            /* heavy tiles first: under causal masking the last tiles see most keys */
+            const int64_t items = np * pl.G * pl.nqb;
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < items; t++) {
+                int64_t qb = pl.nqb - 1 - t % pl.nqb, g = (t / pl.nqb) % pl.G;
+                int64_t pr = t / (pl.nqb * pl.G), pair = c0 + pr;
+                int64_t b = pair / p->Hkv, hk = pair % p->Hkv;
+                run_item(&pl, &w, b, hk * pl.G + g, hk, qb, pack + pr * pl.pair_floats,
+                         vflags + pr * pl.nkb);
+            }
+        }
+    }
+    mha_free(vflags);
+    mha_free(buf);
+    return MHA_OK;
+}
+
+/* ---- kernels and selection ------------------------------------------------ */
+
+static bool cpu_has_avx2_fma(void) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return false;
+#endif
+}
+
+mha_kernel mha_attn_best_kernel(void) {
+    return cpu_has_avx2_fma() ? MHA_KERNEL_AVX2 : MHA_KERNEL_SCALAR;
+}
 
 mha_status mha_attn_fwd_f32_scalar(const mha_attn_problem *p) {
-    (void)p;
-    return mha_error(MHA_ERR_UNSUPPORTED, "kernel: the scalar fused kernel is not built yet");
+    return mha_attn_flash_run(p, &isa_scalar);
 }
 
 mha_status mha_attn_fwd_f32_avx2(const mha_attn_problem *p) {
-    (void)p;
-    return mha_error(MHA_ERR_UNSUPPORTED, "kernel: the avx2 fused kernel is not built yet");
+    MHA_CHECK(cpu_has_avx2_fma(), MHA_ERR_UNSUPPORTED,
+              "kernel: avx2 requested but this CPU lacks AVX2/FMA");
+    return mha_attn_flash_run(p, &mha_flash_isa_avx2);
+}
+
+/* ---- machine peak (for benchmarks) ------------------------------------------ */
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Portable stand-in when AVX2 is absent: 8 independent multiply-add chains. */
+static double peak_loop_scalar(int64_t iters, double *flops) {
+    float acc[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    for (int64_t i = 0; i < iters; i++)
+        for (int u = 0; u < 8; u++)
+            acc[u] = acc[u] * 0.999999f + 1e-6f;
+    *flops = 16.0 * (double)iters;
+    return (double)(acc[0] + acc[7]);
+}
+
+double mha_peak_gflops(int threads, double seconds) {
+    if (threads < 1)
+        threads = mha_threads();
+    if (!(seconds > 0.0))
+        seconds = 0.2;
+    const bool avx2 = cpu_has_avx2_fma();
+    const int64_t iters = avx2 ? 4000000 : 20000000;
+    double total = 0.0, t0 = now_seconds(), t1 = t0, sink = 0.0;
+    int rounds = 0;
+    do {
+        double flops_round = 0.0;
+#pragma omp parallel num_threads(threads) reduction(+ : flops_round, sink)
+        {
+            double f = 0.0;
+            sink += avx2 ? mha_fma_peak_loop_avx2(iters, &f) : peak_loop_scalar(iters, &f);
+            flops_round += f;
+        }
+        total += flops_round;
+        rounds++;
+        t1 = now_seconds();
+    } while (t1 - t0 < seconds || rounds < 2);
+    return sink == 12345.0 ? 0.0 : total / (t1 - t0) * 1e-9;
 }

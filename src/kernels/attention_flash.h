@@ -1,0 +1,60 @@
+/* attention_flash.h - the fused attention driver and its per-ISA microkernels.
+ *
+ * Letter legend: B batch, Hq query heads, Hkv kv heads, L query length,
+ * S key length, d head dim of q/k, dv head dim of v.  Tile letters:
+ * BR query rows per tile, BC keys per block, MR = 6 rows and NR = 16
+ * columns per register block, dvp = dv rounded up to NR.
+ *
+ * The driver (attention_flash.c) owns tiling, packing, masks, the online
+ * softmax bookkeeping, dropout, weights and threads; an ISA supplies only the
+ * four inner loops below.  Scalar C and AVX2+FMA versions exist; both are
+ * checked against mha_attn_fwd_f32_ref.
+ */
+#ifndef MHA_ATTENTION_FLASH_H
+#define MHA_ATTENTION_FLASH_H
+
+#include "../internal.h"
+
+enum {
+    MHA_FLASH_MR = 6,  /* query rows per register block                  */
+    MHA_FLASH_NR = 16, /* key / value columns per register block (2 YMM) */
+    MHA_FLASH_BR = 96, /* query rows per tile (16 register blocks)       */
+    MHA_FLASH_BC = 128 /* keys per block (8 panels)                      */
+};
+
+/* Packed layouts (all contiguous, 64-byte aligned):
+ *   q tile  qp (BR, d)            rows past L are zero;
+ *   k block kp (BC/NR, d, NR)     panel-major K^T, columns past S zero;
+ *   v block vp (dvp/NR, BC, NR)   column-panel-major V, columns past dv zero;
+ *   scores  s  (BR, BC);  output accumulator o (BR, dvp). */
+typedef struct mha_flash_isa {
+    const char *name;
+    /* s (MR, npanels*NR) rows ld lds = q (MR, d) rows ld ldq . kp^T panels. */
+    void (*qk)(float *s, int64_t lds, const float *q, int64_t ldq, const float *kp, int64_t d,
+               int64_t npanels);
+    /* o (MR, dvp) rows ld ldo += p (MR, n) rows ld ldp . vp (dvp/NR, BC, NR). */
+    void (*pv)(float *o, int64_t ldo, const float *p, int64_t ldp, const float *vp, int64_t n,
+               int64_t dvp);
+    /* Scores epilogue of one row, in place over s[0, n):
+     *   j < lim: s = s*scale + bias[j] (bias NULL: 0), -inf where bias is -inf;
+     *   j >= lim: -inf.
+     * Returns the row maximum, NaN when any unmasked score is NaN, -inf when
+     * every column is masked. */
+    float (*row_scores)(float *s, int64_t n, int64_t lim, float scale, const float *bias);
+    /* s[j] = exp(s[j] - m) over [0, n), -0.0f (the "masked" mark) where
+     * s[j] is -inf; returns the sum.  m is finite or NaN. */
+    float (*row_exp)(float *s, int64_t n, float m);
+} mha_flash_isa;
+
+/* Runs p with the given inner loops (threads, workspace, all options). */
+mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *isa);
+
+/* The AVX2+FMA inner loops (attention_flash_avx2.c; only call when the CPU
+ * has AVX2 and FMA). */
+extern const mha_flash_isa mha_flash_isa_avx2;
+
+/* An FMA-bound loop (12 independent 8-lane chains, iters steps); *flops
+ * receives the FLOP count done.  Returns a value to keep the loop alive. */
+double mha_fma_peak_loop_avx2(int64_t iters, double *flops);
+
+#endif /* MHA_ATTENTION_FLASH_H */

@@ -15,6 +15,8 @@ int cli_attention(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_viz(int argc, char **argv);
 
+/* The Transformer-block section of `mha demo` (cli/demo_block.c). */
+int cli_demo_block(void);
 /* Maps a library status to an exit code and prints "mha CMD: msg" to stderr. */
 int cli_fail(const char *cmd, mha_status st, const char *context);
 

@@ -103,6 +103,34 @@ $(CLI): $(CLI_OBJ) $(STATIC)
 $(TESTS): $(TEST_OBJ) $(STATIC)
 	$(CC) -o $@ $(TEST_OBJ) $(STATIC) $(LDSAN) $(LDLIBS_)
 
+# ---- file-format test tools: npycmp (CLI tests) and the fuzz targets ------------
+# `make fuzz-replay` replays the corpus through plain builds of the targets
+# (tests/cli/test_fuzz_replay.sh does it in `make test`); `make fuzz` runs
+# libFuzzer with ASan+UBSan for FUZZ_SECONDS per target (clang required).
+IO_TOOLS  := $(BUILD)/npycmp $(BUILD)/fuzz_npy $(BUILD)/fuzz_safetensors
+FUZZ_SECONDS ?= 60
+FUZZ_LIB_SRC := src/alloc.c src/status.c src/tensor.c $(wildcard src/io/*.c)
+
+$(BUILD)/npycmp: $(BUILD)/tests/tools/npycmp.o $(STATIC)
+	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LDLIBS_)
+$(BUILD)/fuzz_%: $(BUILD)/tests/fuzz/fuzz_%.o $(STATIC)
+	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LDLIBS_)
+
+.PHONY: fuzz-replay fuzz
+fuzz-replay: $(BUILD)/fuzz_npy $(BUILD)/fuzz_safetensors
+	$(BUILD)/fuzz_npy tests/corpus/npy tests/fixtures/io
+	$(BUILD)/fuzz_safetensors tests/corpus/safetensors tests/fixtures/io
+
+fuzz:
+	@mkdir -p build-fuzz/corpus-npy build-fuzz/corpus-safetensors
+	for t in npy safetensors; do \
+	  clang -std=c11 -D_GNU_SOURCE -DMHA_LIBFUZZER -g -O1 -Iinclude \
+	    -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+	    tests/fuzz/fuzz_$$t.c $(FUZZ_LIB_SRC) -lm -o build-fuzz/fuzz_$$t || exit 1; \
+	  build-fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -malloc_limit_mb=512 \
+	    build-fuzz/corpus-$$t tests/corpus/$$t || exit 1; \
+	done
+
 deps:
 	@sh tools/deps.sh
 
@@ -111,7 +139,7 @@ demo: deps
 	$(CLI) demo
 
 test: deps
-	@$(MAKE) --no-print-directory lib cli $(TESTS)
+	@$(MAKE) --no-print-directory lib cli $(TESTS) $(IO_TOOLS)
 	@MHA_BUILD=$(BUILD) CC="$(CC)" sh tests/run.sh
 
 install: lib cli

@@ -14,6 +14,9 @@ int cli_forward(int argc, char **argv);
 int cli_attention(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_viz(int argc, char **argv);
+/* `mha forward --layer encoder|decoder ...` (cli/forward_layer.c); cli_forward
+ * hands the whole argument vector over when --layer is present. */
+int cli_forward_layer(int argc, char **argv);
 
 /* The Transformer-block section of `mha demo` (cli/demo_block.c). */
 int cli_demo_block(void);

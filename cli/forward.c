@@ -1,10 +1,109 @@
-/* forward.c - `mha forward` (being built). */
+/* forward.c - `mha forward`: torch.nn.MultiheadAttention (batch_first=True)
+ * on .npy inputs and safetensors weights; `--layer` hands over to the
+ * Transformer layer command (cli/forward_layer.c). */
 #include "cli.h"
+#include "mha_inputs.h"
 
 #include <stdio.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: mha forward --weights W.safetensors --heads H --query Q.npy\n"
+            "                   [--key K.npy --value V.npy] [--prefix P]\n"
+            "                   [--key-padding-mask M.npy] [--attn-mask M.npy] [--causal]\n"
+            "                   [--add-zero-attn] [--attn-weights-out A.npy [--no-average-weights]]\n"
+            "                   [--masked-rows zero|nan] --out Y.npy\n"
+            "       mha forward --layer encoder|decoder ...   (mha forward --layer encoder --help)\n"
+            "\n"
+            "torch.nn.MultiheadAttention(batch_first=True) in eval mode: Y (B,L,E), and with\n"
+            "--attn-weights-out the weights (B,L,S') averaged over heads or (B,H,L,S') per head,\n"
+            "S' = S + 1 with bias_k/bias_v + 1 with --add-zero-attn.  Unbatched inputs give\n"
+            "unbatched outputs.  Y is float16 when Q.npy is.\n\n%s"
+            "  --attn-weights-out A.npy need_weights=True: write the attention weights\n"
+            "  --no-average-weights     per-head weights (average_attn_weights=False)\n"
+            "  --out Y.npy              the output\n"
+            "\nexit status: 0 ok, 2 bad input (arguments, files, shapes), 1 internal failure\n",
+            cli_mha_inputs_help);
+}
 
 int cli_forward(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--layer"))
+            return cli_forward_layer(argc, argv);
+    const char *cmd = "forward", *out_path = NULL, *weights_out = NULL;
+    int average = 1;
+    cli_mha_inputs in;
+    cli_mha_inputs_init(&in);
+    for (int i = 1; i < argc; i++) {
+        int r = cli_mha_inputs_parse(&in, cmd, argc, argv, &i);
+        if (r < 0)
+            return CLI_BAD_INPUT;
+        if (r > 0)
+            continue;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return CLI_OK;
+        } else if (!strcmp(argv[i], "--no-average-weights")) {
+            average = 0;
+        } else if ((!strcmp(argv[i], "--out") || !strcmp(argv[i], "--attn-weights-out")) &&
+                   i + 1 < argc) {
+            *(argv[i][2] == 'o' ? &out_path : &weights_out) = argv[i + 1];
+            i++;
+        } else {
+            fprintf(stderr, "mha %s: unknown or incomplete option '%s' (see mha %s --help)\n",
+                    cmd, argv[i], cmd);
+            return CLI_BAD_INPUT;
+        }
+    }
+    if (!out_path) {
+        fprintf(stderr, "mha %s: --out is required (see mha %s --help)\n", cmd, cmd);
+        return CLI_BAD_INPUT;
+    }
+    int rc = cli_mha_inputs_load(&in, cmd);
+    mha_tensor y = {0}, a = {0};
+    mha_status st = MHA_OK;
+    if (rc == CLI_OK) {
+        int b = in.batched;
+        int64_t yshape[3] = {in.B, in.L, in.E};
+        st = mha_tensor_alloc(&y, MHA_F32, b ? 3 : 2, yshape + !b);
+        if (st == MHA_OK && weights_out) {
+            int64_t Sx = in.S + in.S_extra;
+            int64_t ashape[4] = {in.B, in.heads, in.L, Sx};
+            int64_t avg[3] = {in.B, in.L, Sx};
+            st = average ? mha_tensor_alloc(&a, MHA_F32, b ? 3 : 2, avg + !b)
+                         : mha_tensor_alloc(&a, MHA_F32, b ? 4 : 3, ashape + !b);
+            in.opt.weights = &a;
+            in.opt.average_weights = average;
+        }
+        if (st != MHA_OK)
+            rc = cli_fail(cmd, st, NULL);
+    }
+    if (rc == CLI_OK) {
+        st = mha_multihead_forward(&y, &in.query, in.key_ptr, in.value_ptr, &in.w, &in.opt);
+        if (st != MHA_OK)
+            rc = cli_fail(cmd, st, NULL);
+    }
+    if (rc == CLI_OK) {
+        mha_dtype as = in.query_file_dtype == MHA_F16 ? MHA_F16 : MHA_F32;
+        st = mha_npy_save(out_path, &y, as);
+        if (st == MHA_OK && weights_out)
+            st = mha_npy_save(weights_out, &a, MHA_F32);
+        if (st != MHA_OK) {
+            fprintf(stderr, "mha %s: %s\n", cmd, mha_last_error());
+            rc = CLI_INTERNAL;
+        }
+    }
+    mha_tensor_free(&y);
+    mha_tensor_free(&a);
+    cli_mha_inputs_free(&in);
+    return rc;
+}
+
+/* Until cli/forward_layer.c is linked in, --layer reports that it is missing
+ * (a weak definition: the real one replaces it). */
+__attribute__((weak)) int cli_forward_layer(int argc, char **argv) {
     (void)argc, (void)argv;
-    fprintf(stderr, "mha forward: not available in this build yet\n");
+    fprintf(stderr, "mha forward: --layer is not available in this build\n");
     return CLI_INTERNAL;
 }

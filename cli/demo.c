@@ -172,6 +172,8 @@ int cli_demo(int argc, char **argv) {
     if (rc == CLI_OK)
         rc = shape_table();
     if (rc == CLI_OK)
+        rc = cli_demo_block();
+    if (rc == CLI_OK)
         rc = claims();
     return rc;
 }

@@ -1,10 +1,498 @@
-/* bench.c - `mha bench` (being built). */
+/* bench.c - `mha bench`: times the attention kernels and the whole MHA
+ * forward, each validated against the reference kernel first.
+ *
+ * Letter legend: B batch, H query heads, Hkv key/value heads, L query length,
+ * S key length, d head dim, E = H*d model width.
+ *
+ * FLOP convention (docs/performance.md): attention 4*B*H*L*S*d, halved when
+ * causal; each projection GEMM 2*M*N*K.  Peak = mha_peak_gflops() with the
+ * case's threads, measured once per thread count.  Times are the median of
+ * --reps runs after one warm-up run whose output is the one validated.
+ * Large cases are validated on a window of query rows (the last rows, which
+ * see every key under causal masking) against the reference on that window.
+ */
 #include "cli.h"
 
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Work the reference may spend on validation (multiply-adds). */
+#define REF_BUDGET 4e8
+/* Cases above these FLOP counts skip timing the slow kernels. */
+#define REF_TIME_MAX 2e10
+#define SCALAR_TIME_MAX 3e11
+
+typedef struct bench_case {
+    int64_t B, H, Hkv, L, S, d;
+    bool causal;
+} bench_case;
+
+typedef struct bench_cfg {
+    int threads, reps;
+    bool json, mha;
+    int kernel; /* -1 all, 0 auto, else mha_kernel */
+} bench_cfg;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: mha bench [--batch B --heads H [--kv-heads Hkv] --seq L [--kv-seq S]\n"
+            "                  --head-dim d] [--causal] [--threads N] [--mha] [--json]\n"
+            "                  [--kernel ref|scalar|avx2|all] [--reps N]\n"
+            "\n"
+            "Times scaled dot-product attention (or, with --mha, the whole\n"
+            "nn.MultiheadAttention self-attention forward, E = H*d, need_weights off),\n"
+            "after validating each kernel against the reference kernel.\n"
+            "Without a shape: a default grid (L 128..16384, d 64/128, H 8..16, B 1..8).\n"
+            "  --kernel K   default: the fastest kernel of this CPU; all: ref, scalar, avx2\n"
+            "  --reps N     timed runs per case (median reported), default 5\n"
+            "  --json       one JSON object per case and kernel per line\n"
+            "FLOPs: attention 4*B*H*L*S*d (halved when causal), projections 2*M*N*K.\n"
+            "peak_gflops: an FMA-bound loop measured with the case's threads.\n"
+            "\nexit status: 0 ok, 2 bad arguments, 1 validation failure or internal error\n");
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void fill(float *x, size_t n, uint64_t seed, float amp) {
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        x[i] = amp * ((float)(s >> 40) * (1.0f / 8388608.0f) - 1.0f);
+    }
+}
+
+/* max|y - ref| / max(1, max|ref|) over n values (NaN mismatch: inf). */
+static double rel_err(const float *y, const float *ref, size_t n) {
+    double md = 0.0, mr = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(y[i]) != isnan(ref[i]))
+            return INFINITY;
+        double dd = fabs((double)y[i] - (double)ref[i]), a = fabs((double)ref[i]);
+        md = dd > md ? dd : md;
+        mr = a > mr ? a : mr;
+    }
+    return md / (mr > 1.0 ? mr : 1.0);
+}
+
+static double peak_for(int threads) {
+    static double cache[256];
+    int t = threads > 0 && threads < 256 ? threads : 0;
+    if (cache[t] == 0.0)
+        cache[t] = mha_peak_gflops(threads, 0.3);
+    return cache[t];
+}
+
+static void emit(const bench_cfg *cfg, const char *op, const char *kernel, const bench_case *c,
+                 double ms, double flops, double bytes, double err) {
+    double gf = flops / (ms * 1e6), peak = peak_for(cfg->threads);
+    int threads = cfg->threads > 0 ? cfg->threads : mha_get_num_threads();
+    if (cfg->json) {
+        printf("{\"op\":\"%s\",\"kernel\":\"%s\",\"B\":%lld,\"H\":%lld,\"Hkv\":%lld,\"L\":%lld,"
+               "\"S\":%lld,\"d\":%lld,\"causal\":%s,\"threads\":%d,\"ms\":%.4f,\"gflops\":%.2f,"
+               "\"peak_gflops\":%.1f,\"max_err\":%.3g",
+               op, kernel, (long long)c->B, (long long)c->H, (long long)c->Hkv, (long long)c->L,
+               (long long)c->S, (long long)c->d, c->causal ? "true" : "false", threads, ms, gf,
+               peak, err);
+        if (bytes > 0)
+            printf(",\"gbps\":%.2f", bytes / (ms * 1e6));
+        printf("}\n");
+    } else {
+        printf("%-9s %-6s B=%-2lld H=%-2lld Hkv=%-2lld L=%-5lld S=%-5lld d=%-3lld %-6s t=%d "
+               "%10.3f ms %8.1f GFLOP/s %5.1f%% of %.0f  err %.2g\n",
+               op, kernel, (long long)c->B, (long long)c->H, (long long)c->Hkv, (long long)c->L,
+               (long long)c->S, (long long)c->d, c->causal ? "causal" : "full", threads, ms, gf,
+               100.0 * gf / peak, peak, err);
+    }
+    fflush(stdout);
+}
+
+/* Runs fn reps times after the caller's warm-up; returns the median in ms. */
+typedef mha_status (*run_fn)(void *ctx);
+static double time_median(run_fn fn, void *ctx, int reps, double first_ms) {
+    if (first_ms > 0 && reps > 3 && first_ms * reps > 4000.0)
+        reps = 3; /* long cases: three runs suffice for a median */
+    double *t = malloc(sizeof(double) * (size_t)reps);
+    if (!t)
+        return NAN;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_ms();
+        fn(ctx);
+        t[r] = now_ms() - t0;
+    }
+    qsort(t, (size_t)reps, sizeof *t, cmp_double);
+    double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+    free(t);
+    return med;
+}
+
+/* ---- attention ---------------------------------------------------------- */
+
+typedef struct attn_ctx {
+    mha_tensor q, k, v, o;
+    mha_sdpa_options opt;
+} attn_ctx;
+
+static mha_status run_attn(void *p) {
+    attn_ctx *a = p;
+    return mha_sdpa_forward(&a->o, &a->q, &a->k, &a->v, &a->opt);
+}
+
+/* Reference output of query rows [i0, L) of every (b,h): ref (B,H,L-i0,d). */
+static mha_status reference_window(const bench_case *c, attn_ctx *a, int64_t i0, float *ref) {
+    attn_ctx w = *a;
+    w.q.data = (float *)a->q.data + i0 * a->q.stride[2];
+    w.q.shape[2] = c->L - i0;
+    int64_t shape[4] = {c->B, c->H, c->L - i0, c->d};
+    mha_tensor_init(&w.o, MHA_F32, ref, 4, shape);
+    w.opt.kernel = MHA_KERNEL_REF;
+    if (c->causal)
+        w.opt.causal = MHA_CAUSAL_OFFSET, w.opt.causal_offset = i0;
+    return run_attn(&w);
+}
+
+/* Error of a's output rows [i0, L) against ref. */
+static double window_err(const bench_case *c, const attn_ctx *a, int64_t i0, const float *ref) {
+    double worst = 0.0;
+    const int64_t rows = c->L - i0;
+    for (int64_t bh = 0; bh < c->B * c->H; bh++) {
+        const float *o = (const float *)a->o.data + (bh * c->L + i0) * c->d;
+        double e = rel_err(o, ref + bh * rows * c->d, (size_t)(rows * c->d));
+        worst = e > worst ? e : worst;
+    }
+    return worst;
+}
+
+static int bench_attention(const bench_cfg *cfg, const bench_case *c) {
+    const char *cmd = "bench";
+    int64_t qs[4] = {c->B, c->H, c->L, c->d}, ks[4] = {c->B, c->Hkv, c->S, c->d};
+    attn_ctx a;
+    memset(&a, 0, sizeof a);
+    mha_status st;
+    if ((st = mha_tensor_alloc(&a.q, MHA_F32, 4, qs)) != MHA_OK ||
+        (st = mha_tensor_alloc(&a.k, MHA_F32, 4, ks)) != MHA_OK ||
+        (st = mha_tensor_alloc(&a.v, MHA_F32, 4, ks)) != MHA_OK ||
+        (st = mha_tensor_alloc(&a.o, MHA_F32, 4, qs)) != MHA_OK) {
+        mha_tensor_free(&a.q), mha_tensor_free(&a.k), mha_tensor_free(&a.v);
+        return cli_fail(cmd, st, "allocating the case");
+    }
+    fill(a.q.data, (size_t)(c->B * c->H * c->L * c->d), 1, 1.0f);
+    fill(a.k.data, (size_t)(c->B * c->Hkv * c->S * c->d), 2, 1.0f);
+    fill(a.v.data, (size_t)(c->B * c->Hkv * c->S * c->d), 3, 1.0f);
+    mha_sdpa_options_init(&a.opt);
+    a.opt.causal = c->causal ? MHA_CAUSAL_TOP_LEFT : MHA_CAUSAL_NONE;
+
+    const double macs = (double)c->B * c->H * c->L * c->S * c->d;
+    const double flops = 4.0 * macs / (c->causal ? 2.0 : 1.0);
+    int64_t rows = c->L;
+    if (macs > REF_BUDGET) {
+        rows = (int64_t)(REF_BUDGET / ((double)c->B * c->H * c->S * c->d));
+        rows = rows < 1 ? 1 : rows > c->L ? c->L : rows;
+    }
+    const int64_t i0 = c->L - rows;
+    float *ref = malloc(sizeof(float) * (size_t)(c->B * c->H * rows * c->d));
+    int rc = CLI_OK;
+    if (!ref) {
+        rc = cli_fail(cmd, MHA_ERR_NOMEM, "allocating the reference window");
+        goto done;
+    }
+    if ((st = reference_window(c, &a, i0, ref)) != MHA_OK) {
+        rc = cli_fail(cmd, st, "reference");
+        goto done;
+    }
+
+    mha_kernel all[3] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
+    for (int kk = 0; kk < 3; kk++) {
+        mha_kernel k = all[kk];
+        if (cfg->kernel == 0 && k != mha_kernel_resolve(MHA_KERNEL_AUTO))
+            continue;
+        if (cfg->kernel > 0 && (int)k != cfg->kernel)
+            continue;
+        if (cfg->kernel == -1 && k == MHA_KERNEL_AVX2 &&
+            mha_kernel_resolve(MHA_KERNEL_AUTO) != MHA_KERNEL_AVX2)
+            continue;
+        if ((k == MHA_KERNEL_REF && flops > REF_TIME_MAX) ||
+            (k == MHA_KERNEL_SCALAR && flops > SCALAR_TIME_MAX)) {
+            fprintf(stderr, "mha bench: %s skipped at L=%lld (too slow to time)\n",
+                    mha_kernel_name(k), (long long)c->L);
+            continue;
+        }
+        a.opt.kernel = k;
+        double t0 = now_ms();
+        if ((st = run_attn(&a)) != MHA_OK) {
+            rc = cli_fail(cmd, st, mha_kernel_name(k));
+            goto done;
+        }
+        double first = now_ms() - t0;
+        double err = window_err(c, &a, i0, ref);
+        if (!(err <= 1e-5)) {
+            fprintf(stderr, "mha bench: kernel %s fails validation (error %g)\n",
+                    mha_kernel_name(k), err);
+            rc = CLI_INTERNAL;
+            continue;
+        }
+        double ms = time_median(run_attn, &a, cfg->reps, first);
+        double bytes = c->L <= 16 ? 4.0 * ((double)c->B * c->Hkv * c->S * c->d * 2 +
+                                           2.0 * c->B * c->H * c->L * c->d)
+                                  : 0.0;
+        emit(cfg, "attention", mha_kernel_name(k), c, ms, flops, bytes, err);
+    }
+done:
+    free(ref);
+    mha_tensor_free(&a.q), mha_tensor_free(&a.k), mha_tensor_free(&a.v), mha_tensor_free(&a.o);
+    return rc;
+}
+
+/* ---- whole MHA self-attention ------------------------------------------ */
+
+typedef struct mha_ctx {
+    mha_tensor x, out, w_in, b_in, w_out, b_out, mask;
+    mha_multihead_weights w;
+    mha_multihead_options opt;
+    const mha_tensor *query;
+} mha_ctx;
+
+static mha_status run_mha(void *p) {
+    mha_ctx *m = p;
+    return mha_multihead_forward(&m->out, m->query, &m->x, &m->x, &m->w, &m->opt);
+}
+
+static int bench_mha(const bench_cfg *cfg, const bench_case *c) {
+    const char *cmd = "bench";
+    const int64_t E = c->H * c->d, L = c->L;
+    int64_t xs[3] = {c->B, L, E}, wi[2] = {3 * E, E}, bi[1] = {3 * E}, wo[2] = {E, E},
+            bo[1] = {E};
+    mha_ctx m;
+    memset(&m, 0, sizeof m);
+    mha_status st;
+    if ((st = mha_tensor_alloc(&m.x, MHA_F32, 3, xs)) != MHA_OK ||
+        (st = mha_tensor_alloc(&m.out, MHA_F32, 3, xs)) != MHA_OK ||
+        (st = mha_tensor_alloc(&m.w_in, MHA_F32, 2, wi)) != MHA_OK ||
+        (st = mha_tensor_alloc(&m.b_in, MHA_F32, 1, bi)) != MHA_OK ||
+        (st = mha_tensor_alloc(&m.w_out, MHA_F32, 2, wo)) != MHA_OK ||
+        (st = mha_tensor_alloc(&m.b_out, MHA_F32, 1, bo)) != MHA_OK) {
+        mha_tensor_free(&m.x), mha_tensor_free(&m.out), mha_tensor_free(&m.w_in);
+        mha_tensor_free(&m.b_in), mha_tensor_free(&m.w_out);
+        return cli_fail(cmd, st, "allocating the case");
+    }
+    const float wamp = 1.0f / sqrtf((float)E);
+    fill(m.x.data, (size_t)(c->B * L * E), 4, 1.0f);
+    fill(m.w_in.data, (size_t)(3 * E * E), 5, wamp);
+    fill(m.b_in.data, (size_t)(3 * E), 6, 0.1f);
+    fill(m.w_out.data, (size_t)(E * E), 7, wamp);
+    fill(m.b_out.data, (size_t)E, 8, 0.1f);
+    m.w.in_proj_weight = &m.w_in, m.w.in_proj_bias = &m.b_in;
+    m.w.out_proj_weight = &m.w_out, m.w.out_proj_bias = &m.b_out;
+    mha_multihead_options_init(&m.opt);
+    m.opt.num_heads = c->H;
+    m.opt.causal = c->causal;
+    m.query = &m.x;
+
+    const double attn = 4.0 * c->B * c->H * (double)L * L * c->d / (c->causal ? 2.0 : 1.0);
+    const double flops = attn + 2.0 * c->B * L * 3 * E * E + 2.0 * c->B * L * E * E;
+    int rc = CLI_OK;
+
+    /* validation window: query rows [i0, L) against the full keys, with the
+     * causal diagonal as an explicit float mask (ref kernel) */
+    const double macs = (double)c->B * c->H * L * L * c->d;
+    int64_t rows = macs > REF_BUDGET ? (int64_t)(REF_BUDGET / ((double)c->B * c->H * L * c->d))
+                                     : L;
+    rows = rows < 1 ? 1 : rows > L ? L : rows;
+    const int64_t i0 = L - rows;
+    mha_ctx r = m;
+    mha_tensor qwin = m.x, rout;
+    int64_t ws[3] = {c->B, rows, E}, ms2[2] = {rows, L};
+    qwin.data = (float *)m.x.data + i0 * E;
+    qwin.shape[1] = rows;
+    float *mk = NULL;
+    if ((st = mha_tensor_alloc(&rout, MHA_F32, 3, ws)) != MHA_OK) {
+        rc = cli_fail(cmd, st, "allocating the reference window");
+        goto done;
+    }
+    if (c->causal) {
+        if ((st = mha_tensor_alloc(&m.mask, MHA_F32, 2, ms2)) != MHA_OK) {
+            rc = cli_fail(cmd, st, "allocating the mask");
+            goto done2;
+        }
+        mk = m.mask.data;
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < L; j++)
+                mk[i * L + j] = j > i0 + i ? -INFINITY : 0.0f;
+        r.opt.causal = 0, r.opt.attn_mask = &m.mask;
+    }
+    r.query = &qwin, r.out = rout, r.opt.kernel = MHA_KERNEL_REF;
+    if ((st = run_mha(&r)) != MHA_OK) {
+        rc = cli_fail(cmd, st, "reference");
+        goto done2;
+    }
+
+    mha_kernel all[3] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
+    for (int kk = 0; kk < 3; kk++) {
+        mha_kernel k = all[kk];
+        if (cfg->kernel == 0 && k != mha_kernel_resolve(MHA_KERNEL_AUTO))
+            continue;
+        if (cfg->kernel > 0 && (int)k != cfg->kernel)
+            continue;
+        if (cfg->kernel == -1 && k == MHA_KERNEL_AVX2 &&
+            mha_kernel_resolve(MHA_KERNEL_AUTO) != MHA_KERNEL_AVX2)
+            continue;
+        if ((k == MHA_KERNEL_REF && attn > REF_TIME_MAX) ||
+            (k == MHA_KERNEL_SCALAR && attn > SCALAR_TIME_MAX)) {
+            fprintf(stderr, "mha bench: %s skipped at L=%lld (too slow to time)\n",
+                    mha_kernel_name(k), (long long)L);
+            continue;
+        }
+        m.opt.kernel = k;
+        double t0 = now_ms();
+        if ((st = run_mha(&m)) != MHA_OK) {
+            rc = cli_fail(cmd, st, mha_kernel_name(k));
+            goto done2;
+        }
+        double first = now_ms() - t0;
+        double err = 0.0;
+        for (int64_t b = 0; b < c->B; b++) {
+            double e = rel_err((const float *)m.out.data + (b * L + i0) * E,
+                               (const float *)rout.data + b * rows * E, (size_t)(rows * E));
+            err = e > err ? e : err;
+        }
+        if (!(err <= 1e-5)) {
+            fprintf(stderr, "mha bench: mha with kernel %s fails validation (error %g)\n",
+                    mha_kernel_name(k), err);
+            rc = CLI_INTERNAL;
+            continue;
+        }
+        double ms = time_median(run_mha, &m, cfg->reps, first);
+        emit(cfg, "mha", mha_kernel_name(k), c, ms, flops, 0.0, err);
+    }
+done2:
+    mha_tensor_free(&rout);
+done:
+    mha_tensor_free(&m.mask);
+    mha_tensor_free(&m.x), mha_tensor_free(&m.out), mha_tensor_free(&m.w_in);
+    mha_tensor_free(&m.b_in), mha_tensor_free(&m.w_out), mha_tensor_free(&m.b_out);
+    return rc;
+}
+
+/* ---- arguments and the default grid ------------------------------------- */
+
+static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
 
 int cli_bench(int argc, char **argv) {
-    (void)argc, (void)argv;
-    fprintf(stderr, "mha bench: not available in this build yet\n");
-    return CLI_INTERNAL;
+    bench_cfg cfg = {.threads = 0, .reps = 5, .json = false, .mha = false, .kernel = 0};
+    bench_case one = {1, 8, 0, 1024, 0, 64, false};
+    bool shaped = false;
+    static const char *int_opts[] = {"--batch", "--heads", "--kv-heads", "--seq",
+                                     "--kv-seq", "--head-dim", "--threads", "--reps"};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return CLI_OK;
+        }
+        if (!strcmp(a, "--causal")) {
+            one.causal = true;
+            continue;
+        }
+        if (!strcmp(a, "--json") || !strcmp(a, "--mha")) {
+            *(a[2] == 'j' ? &cfg.json : &cfg.mha) = true;
+            continue;
+        }
+        if (!strcmp(a, "--kernel")) {
+            const char *k = i + 1 < argc ? argv[++i] : "";
+            if (!strcmp(k, "all"))
+                cfg.kernel = -1;
+            else if (!strcmp(k, "ref") || !strcmp(k, "scalar") || !strcmp(k, "avx2"))
+                cfg.kernel = k[0] == 'r' ? MHA_KERNEL_REF : k[0] == 's' ? MHA_KERNEL_SCALAR
+                                                                        : MHA_KERNEL_AVX2;
+            else {
+                fprintf(stderr, "mha bench: --kernel: '%s' is not ref, scalar, avx2 or all\n", k);
+                return CLI_BAD_INPUT;
+            }
+            continue;
+        }
+        size_t o = 0;
+        while (o < sizeof int_opts / sizeof *int_opts && strcmp(a, int_opts[o]))
+            o++;
+        if (o == sizeof int_opts / sizeof *int_opts) {
+            fprintf(stderr, "mha bench: unknown option '%s' (see mha bench --help)\n", a);
+            return CLI_BAD_INPUT;
+        }
+        int64_t v;
+        if (i + 1 >= argc || !parse_int(argv[i + 1], 1,
+                                        o == 6 ? 1024 : (int64_t)1 << 30, &v)) {
+            fprintf(stderr, "mha bench: %s needs a positive integer%s\n", a,
+                    i + 1 < argc ? "" : " (missing)");
+            return CLI_BAD_INPUT;
+        }
+        i++;
+        switch (o) {
+        case 0: one.B = v, shaped = true; break;
+        case 1: one.H = v, shaped = true; break;
+        case 2: one.Hkv = v, shaped = true; break;
+        case 3: one.L = v, shaped = true; break;
+        case 4: one.S = v, shaped = true; break;
+        case 5: one.d = v, shaped = true; break;
+        case 6: cfg.threads = (int)v; break;
+        default: cfg.reps = (int)v; break;
+        }
+    }
+    if (one.Hkv == 0)
+        one.Hkv = one.H;
+    if (one.S == 0)
+        one.S = one.L;
+    if (one.H % one.Hkv) {
+        fprintf(stderr, "mha bench: --kv-heads %lld does not divide --heads %lld\n",
+                (long long)one.Hkv, (long long)one.H);
+        return CLI_BAD_INPUT;
+    }
+    if (cfg.mha && (one.Hkv != one.H || one.S != one.L)) {
+        fprintf(stderr, "mha bench: --mha is self-attention: no --kv-heads or --kv-seq\n");
+        return CLI_BAD_INPUT;
+    }
+    if (cfg.threads > 0)
+        mha_set_num_threads(cfg.threads);
+    if (!cfg.json)
+        printf("# peak %.1f GFLOP/s (FMA loop, %d threads); kernel auto = %s\n",
+               peak_for(cfg.threads), mha_get_num_threads(),
+               mha_kernel_name(mha_kernel_resolve(MHA_KERNEL_AUTO)));
+
+    int rc = CLI_OK;
+    if (shaped) {
+        rc = cfg.mha ? bench_mha(&cfg, &one) : bench_attention(&cfg, &one);
+        return rc;
+    }
+    /* default grid: B, H, L, d; each non-causal and causal; a few minutes */
+    static const int64_t grid[][4] = {
+        {8, 8, 128, 64},   {8, 16, 128, 128}, {4, 8, 512, 64},   {4, 16, 512, 128},
+        {2, 8, 1024, 64},  {1, 16, 1024, 128}, {1, 8, 2048, 64},  {1, 8, 2048, 128},
+        {1, 8, 4096, 64},  {1, 8, 4096, 128}, {1, 8, 16384, 64},
+    };
+    for (size_t g = 0; g < sizeof grid / sizeof *grid; g++)
+        for (int causal = 0; causal < 2; causal++) {
+            bench_case c = {grid[g][0], grid[g][1], grid[g][1], grid[g][2], grid[g][2],
+                            grid[g][3], causal != 0};
+            int r = cfg.mha ? bench_mha(&cfg, &c) : bench_attention(&cfg, &c);
+            if (r != CLI_OK)
+                rc = r;
+        }
+    return rc;
 }

@@ -1,0 +1,37 @@
+#!/bin/sh
+# test_cli_bench.sh - `mha bench`: JSON fields, validation of every kernel,
+# --mha, argument errors (exit 2).  Tiny shapes only: this is not a timing.
+B=${MHA_BUILD:-build}
+MHA=$B/mha
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+ko() { fail=$((fail + 1)); echo "FAIL: $*"; }
+
+"$MHA" bench --batch 2 --heads 4 --kv-heads 2 --seq 37 --kv-seq 53 --head-dim 24 \
+    --causal --threads 2 --kernel all --reps 1 --json >"$T/out" 2>"$T/err"
+[ $? -eq 0 ] && ok || ko "bench all kernels: $(cat "$T/err")"
+n=$(grep -c '^{"op":"attention"' "$T/out")
+[ "$n" -ge 2 ] && ok || ko "want a JSON line per kernel, got $n"
+for f in op kernel B H Hkv L S d causal threads ms gflops peak_gflops max_err; do
+    grep -q "\"$f\":" "$T/out" && ok || ko "field $f missing"
+done
+grep -q '"causal":true' "$T/out" && grep -q '"Hkv":2' "$T/out" && grep -q '"threads":2' "$T/out" \
+    && ok || ko "values: $(head -1 "$T/out")"
+grep -q '"kernel":"ref"' "$T/out" && grep -q '"kernel":"scalar"' "$T/out" && ok || ko "kernels"
+
+"$MHA" bench --batch 1 --heads 2 --seq 20 --head-dim 8 --mha --reps 1 --json >"$T/out" 2>"$T/err"
+[ $? -eq 0 ] && grep -q '^{"op":"mha"' "$T/out" && ok || ko "--mha: $(cat "$T/err")"
+
+"$MHA" bench --heads 3 --kv-heads 2 --seq 8 --head-dim 4 2>"$T/err"
+[ $? -eq 2 ] && grep -q "does not divide" "$T/err" && ok || ko "kv-heads must divide heads"
+"$MHA" bench --seq -4 2>"$T/err"
+[ $? -eq 2 ] && grep -q -- "--seq" "$T/err" && ok || ko "negative --seq"
+"$MHA" bench --kernel fast --seq 8 2>"$T/err"
+[ $? -eq 2 ] && grep -q "not ref, scalar" "$T/err" && ok || ko "bad --kernel"
+"$MHA" bench --bogus 2>"$T/err"
+[ $? -eq 2 ] && ok || ko "unknown option"
+"$MHA" bench --help >"$T/out" && grep -q -- "--kv-heads" "$T/out" && ok || ko "--help"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -66,7 +66,7 @@ LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_SRC   := $(wildcard cli/*.c)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_SRC  := $(wildcard tests/unit/*.c)
-TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/cli/seeds.o
+TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/cli/seeds.o $(BUILD)/cli/render.o
 
 STATIC := $(BUILD)/libmha.a
 SHARED := $(BUILD)/libmha.so.$(VERSION)
@@ -128,7 +128,7 @@ fuzz:
 	    -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 	    tests/fuzz/fuzz_$$t.c $(FUZZ_LIB_SRC) -lm -o build-fuzz/fuzz_$$t || exit 1; \
 	  build-fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -malloc_limit_mb=512 \
-	    build-fuzz/corpus-$$t tests/corpus/$$t || exit 1; \
+	    -artifact_prefix=build-fuzz/ build-fuzz/corpus-$$t tests/corpus/$$t || exit 1; \
 	done
 
 deps:

@@ -201,6 +201,13 @@ int cli_mha_inputs_load(cli_mha_inputs *in, const char *cmd) {
         char full[512];
         snprintf(full, sizeof full, "%sin_proj_weight", in->prefix);
         packed = mha_safetensors_find(in->st, full) >= 0;
+        char sep[512];
+        snprintf(sep, sizeof sep, "%sq_proj_weight", in->prefix);
+        if (!packed && mha_safetensors_find(in->st, sep) < 0) {
+            fprintf(stderr, "mha %s: --weights: %s: no tensor named '%s' nor '%s' (wrong "
+                    "--prefix?)\n", cmd, in->weights_path, full, sep);
+            return CLI_BAD_INPUT;
+        }
     }
     if ((rc = load_weight(in, cmd, "in_proj_weight", 0, packed, &w->in_proj_weight)) ||
         (rc = load_weight(in, cmd, "q_proj_weight", 1, !packed, &w->q_proj_weight)) ||

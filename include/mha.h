@@ -479,6 +479,109 @@ MHA_API mha_status mha_decoder_forward(mha_tensor *out, const mha_tensor *tgt,
                                        size_t workspace_bytes);
 
 /* ------------------------------------------------------------------------ */
+/* Backward passes (gradients).  docs/backward.md has the derivations.      */
+/* ------------------------------------------------------------------------ */
+
+/* THE GRADIENT RULE: every *_backward function ADDS its gradients into the
+ * caller's buffers (dx += dL/dx); it never overwrites them.  The caller
+ * zeroes the gradient buffers (one memset per step when they live in one
+ * allocation) before the first backward call of a step.  A NULL gradient
+ * pointer means "not wanted" and its computation is skipped where possible.
+ *
+ * Argument order (as llm.c's *_backward): the gradients being produced,
+ * then the upstream gradient dout, then the state saved by the forward,
+ * then the forward's inputs, then its weights, then sizes/options.
+ *
+ * Options are the forward's own options, unchanged (same masks, causal,
+ * scale, dropout seed): dropout keep decisions are recomputed from the seed,
+ * never stored.  Gradient outputs must not overlap any input.  Results are
+ * bit-identical for any thread count.  Fully masked query rows (every key
+ * masked) contribute zero gradient under either masked_rows policy.
+ * Gradients with respect to masks are not computed (masks are constants). */
+
+/* SDPA backward.  Gradients of L = sum(dout * out) for
+ *   out (B,Hq,L,dv) = mha_sdpa_forward(q (B,Hq,L,d), k (B,Hkv,S,d), v (B,Hkv,S,dv)):
+ *   dq (B,Hq,L,d) += dL/dq, dk (B,Hkv,S,d) += dL/dk, dv (B,Hkv,S,dv) += dL/dv
+ *   (each may be NULL; with GQA dk/dv sum over the Hq/Hkv query heads of a
+ *   group).  dout (B,Hq,L,dv) the upstream gradient.
+ *   out (B,Hq,L,dv): the forward's output, or NULL (recomputed);
+ *   lse (B,Hq,L): the forward's per-row log-sum-exp, or NULL (recomputed):
+ *     lse[b,h,i] = log sum_j exp(s_ij), s_ij = scale q_i.k_j + mask bias,
+ *     natural log, before dropout; -inf for a fully masked row.
+ * opt: as given to the forward (opt->weights is ignored).  opt->kernel REF
+ * runs the naive float64 reference (mha_attn_bwd_f32_ref); any other value
+ * the fused flash-style backward (tiles recomputing P from lse). */
+MHA_API mha_status mha_sdpa_backward(mha_tensor *dq, mha_tensor *dk, mha_tensor *dv,
+                                     const mha_tensor *dout, const mha_tensor *out,
+                                     const mha_tensor *lse, const mha_tensor *q,
+                                     const mha_tensor *k, const mha_tensor *v,
+                                     const mha_sdpa_options *opt);
+
+/* Gradients of the nn.MultiheadAttention parameters, the same names and
+ * shapes as mha_multihead_weights.  A NULL field is not wanted (it must be
+ * NULL when the weight is absent; in_proj_weight's gradient when the
+ * weights are packed, q/k/v_proj_weight's when they are separate). */
+typedef struct mha_multihead_grads {
+    mha_tensor *in_proj_weight;  /* (3E,E)                                  */
+    mha_tensor *q_proj_weight;   /* (E,E)                                   */
+    mha_tensor *k_proj_weight;   /* (E,kdim)                                */
+    mha_tensor *v_proj_weight;   /* (E,vdim)                                */
+    mha_tensor *in_proj_bias;    /* (3E)                                    */
+    mha_tensor *out_proj_weight; /* (E,E)                                   */
+    mha_tensor *out_proj_bias;   /* (E)                                     */
+    mha_tensor *bias_k;          /* same shape as the weight: (E) or (1,1,E) */
+    mha_tensor *bias_v;          /* same shape as the weight                */
+} mha_multihead_grads;
+
+/* THE SAVED STATE of one multi-head attention forward, for its backward:
+ * a caller-owned buffer (float-aligned) of mha_multihead_saved_size()
+ * bytes holding a small header (the dimensions, checked by the backward),
+ * the projections qkv (B,R,3E) with R = max(L,S') (q | k | v, bias_k/bias_v
+ * and the zero row appended as key rows S..S'-1), the merged attention
+ * output (B,L,E) (the input of out_proj) and the per-head log-sum-exp
+ * (B,H,L).  S' = S + bias_kv + add_zero_attn.  Put it in the activation
+ * allocation of a training step; it stays valid while the inputs and
+ * weights are unchanged. */
+MHA_API mha_status mha_multihead_saved_size(int64_t B, int64_t L, int64_t S, int64_t E,
+                                            int64_t H, int bias_kv, int add_zero_attn,
+                                            size_t *bytes);
+
+/* mha_multihead_forward that also fills `saved` (saved_bytes at least
+ * mha_multihead_saved_size()).  Same arguments otherwise; averaged
+ * attention weights (opt->weights with average_weights) are
+ * MHA_ERR_UNSUPPORTED here (ask for per-head weights or none). */
+MHA_API mha_status mha_multihead_forward_train(mha_tensor *out, void *saved, size_t saved_bytes,
+                                               const mha_tensor *query, const mha_tensor *key,
+                                               const mha_tensor *value,
+                                               const mha_multihead_weights *w,
+                                               const mha_multihead_options *opt);
+
+/* Bytes of workspace mha_multihead_backward needs (dqkv (B,R,3E), dattn
+ * (B,L,E) and its attention scratch); same dimensions as the saved size. */
+MHA_API mha_status mha_multihead_backward_workspace_size(int64_t B, int64_t L, int64_t S,
+                                                         int64_t E, int64_t H, int bias_kv,
+                                                         int add_zero_attn, size_t *bytes);
+
+/* MultiheadAttention backward: with dout (B,L,E) (unbatched (L,E)),
+ *   dquery (B,L,E) += dL/dquery, dkey (B,S,kdim) += dL/dkey,
+ *   dvalue (B,S,vdim) += dL/dvalue, and dw's fields += dL/dweight.
+ * saved: the buffer filled by mha_multihead_forward_train with the same
+ * query/key/value/w/opt.  Self-attention (key and value the query's view):
+ * dquery receives the sum of the three paths; dkey/dvalue must then be
+ * NULL or dquery itself.  dkey and dvalue may be one view (decoder memory:
+ * key == value): both paths add into it.  Any gradient may be NULL.
+ * workspace: mha_multihead_backward_workspace_size() bytes, float-aligned,
+ * or NULL (allocated inside). */
+MHA_API mha_status mha_multihead_backward(mha_tensor *dquery, mha_tensor *dkey,
+                                          mha_tensor *dvalue, const mha_multihead_grads *dw,
+                                          const mha_tensor *dout, const void *saved,
+                                          size_t saved_bytes, const mha_tensor *query,
+                                          const mha_tensor *key, const mha_tensor *value,
+                                          const mha_multihead_weights *w,
+                                          const mha_multihead_options *opt, void *workspace,
+                                          size_t workspace_bytes);
+
+/* ------------------------------------------------------------------------ */
 /* Files                                                                     */
 /* ------------------------------------------------------------------------ */
 

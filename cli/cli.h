@@ -14,6 +14,12 @@ int cli_forward(int argc, char **argv);
 int cli_attention(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_viz(int argc, char **argv);
+
+/* Writes the seed example's per-head attention maps (+ average) to svg_path
+ * and png_path (either may be NULL; the PNG is skipped with a note when the
+ * build has no libpng) and prints "mha demo: wrote PATH (...)" per file.
+ * Returns CLI_OK / CLI_INTERNAL (viz.c). */
+int cli_viz_write_demo_maps(const char *svg_path, const char *png_path);
 /* `mha forward --layer encoder|decoder ...` (cli/forward_layer.c); cli_forward
  * hands the whole argument vector over when --layer is present. */
 int cli_forward_layer(int argc, char **argv);

@@ -345,7 +345,7 @@ static void layout_make(const render_maps *m, int svg, layout *lo) {
 
     lo->legend_x = lo->grid_x + lo->ncols * lo->panel_w;
     lo->legend_y = lo->grid_y + lo->ptitle_h;
-    lo->legend_h = map_h > 96 ? map_h : 96;
+    lo->legend_h = map_h > 128 ? map_h : 128;
     lo->legend_w = LEGEND_BAR + 6 + text_width(lo, "0.000") + MARGIN;
     int wtitle = m->title ? MARGIN * 2 + text_width_n(lo, m->title, TITLE_MAX) : 0;
     int wfoot = lo->index_labels ? MARGIN * 2 + text_width_n(lo, INDEX_NOTE, TITLE_MAX) : 0;
@@ -373,9 +373,10 @@ static void panel_title(const layout *lo, int64_t p, char buf[32]) {
         snprintf(buf, 32, "average");
 }
 
-/* Legend ticks: 0, step, 2 step, ... <= vmax with step 1, 2 or 5 x 10^k. */
-static int legend_ticks(float vmax, double *ticks, int max) {
-    double raw = vmax / 4.0, mag = pow(10, floor(log10(raw))), nrm = raw / mag;
+/* Legend ticks: 0, step, 2 step, ... <= vmax with step 1, 2 or 5 x 10^k,
+ * about `want` of them. */
+static int legend_ticks(float vmax, int want, double *ticks, int max) {
+    double raw = vmax / (want > 1 ? want : 1), mag = pow(10, floor(log10(raw))), nrm = raw / mag;
     double step = (nrm < 1.5 ? 1 : nrm < 3 ? 2 : nrm < 7 ? 5 : 10) * mag;
     int n = 0;
     for (int k = 0; n < max; k++) {
@@ -479,7 +480,7 @@ static void svg_legend(FILE *f, const layout *lo) {
             x, y, LEGEND_BAR, h);
     svg_text(f, x, y - lo->line / 2 - 4, "start", lo->fz, "weight");
     double ticks[16];
-    int nt = legend_ticks(lo->vmax, ticks, 16);
+    int nt = legend_ticks(lo->vmax, lo->legend_h / (3 * lo->line) + 1, ticks, 16);
     for (int k = 0; k < nt; k++) {
         int ty = y + h - (int)lround(ticks[k] / lo->vmax * h);
         char buf[32];
@@ -622,7 +623,7 @@ static void raster_legend(render_image *img, const layout *lo) {
     frame_rect(img, x, y, LEGEND_BAR, h, FRAME);
     draw_text(img, x, y - lo->line - 4, "weight", lo->fs, 0);
     double ticks[16];
-    int nt = legend_ticks(lo->vmax, ticks, 16);
+    int nt = legend_ticks(lo->vmax, lo->legend_h / (3 * lo->line) + 1, ticks, 16);
     for (int k = 0; k < nt; k++) {
         int ty = y + h - (int)lround(ticks[k] / lo->vmax * h);
         char buf[32];

@@ -170,6 +170,8 @@ int cli_demo(int argc, char **argv) {
         return fprintf(stderr, "mha demo: unexpected argument '%s'\n", argv[1]), CLI_BAD_INPUT;
     int rc = walkthrough();
     if (rc == CLI_OK)
+        rc = cli_viz_write_demo_maps("mha-demo.svg", "mha-demo.png");
+    if (rc == CLI_OK)
         rc = shape_table();
     if (rc == CLI_OK)
         rc = cli_demo_block();

@@ -74,9 +74,20 @@ float mha_dropout_uniform(uint64_t seed, int64_t b, int64_t h, int64_t i, int64_
 /* ---- bias --------------------------------------------------------------- */
 
 float mha_attn_bias(const mha_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j) {
-    if (p->causal != MHA_CAUSAL_NONE && j > i + p->causal_offset)
+    if (p->kv_len.data && j >= mha_attn_kv_len(p, b))
+        return -INFINITY; /* first: a padded mask is never read past S_b */
+    const int64_t pos = i + mha_attn_offset(p, b);
+    if (p->causal != MHA_CAUSAL_NONE && j > pos)
+        return -INFINITY;
+    if (p->window && ((p->window_left >= 0 && j < pos - p->window_left) ||
+                      (p->window_right >= 0 && j > pos + p->window_right)))
         return -INFINITY;
     float bias = 0.0f;
+    if (p->alibi.data) { /* -slope * |i + S_b - L - j| */
+        float slope = ((const float *)p->alibi.data)[h * p->alibi.stride[0]];
+        int64_t dist = i + mha_attn_kv_len(p, b) - p->L - j;
+        bias = -slope * (float)(dist < 0 ? -dist : dist);
+    }
     if (p->mask.data) {
         int64_t idx[4] = {b, h, i, j};
         bias += mha_mask_value(&p->mask, mha_offset(&p->mask, idx), p->mask_polarity);
@@ -98,6 +109,7 @@ void mha_sdpa_options_init(mha_sdpa_options *opt) {
     opt->key_padding_polarity = MHA_TRUE_MASKS;
     opt->masked_rows = MHA_MASKED_ROWS_ZERO;
     opt->kernel = MHA_KERNEL_AUTO;
+    opt->window_left = opt->window_right = -1; /* no window */
 }
 
 mha_status mha_attn_check_common(mha_attn_problem *p, mha_masked_rows masked_rows, int training,
@@ -159,9 +171,15 @@ mha_status mha_sdpa_forward(mha_tensor *out, const mha_tensor *q, const mha_tens
               MHA_ERR_SHAPE, "out: shape %s, want (%lld,%lld,%lld,%lld)",
               mha_shape_str(out, s1, sizeof s1), (long long)p.B, (long long)p.Hq,
               (long long)p.L, (long long)p.dv);
+    MHA_TRY(mha_check_writable(out, "out"));
     MHA_CHECK(!mha_tensors_overlap(out, q) && !mha_tensors_overlap(out, k) &&
                   !mha_tensors_overlap(out, v),
               MHA_ERR_ALIAS, "out: overlaps an input");
+    int64_t work; /* the kernels index rows B*Hq*L and score rows of S, d, dv */
+    MHA_CHECK(mha_product((int64_t[]){p.B, p.Hq, p.L, p.S > p.d ? p.S : p.d}, 4, &work) &&
+                  mha_product((int64_t[]){p.B, p.Hq, p.L, p.dv}, 4, &work),
+              MHA_ERR_OVERFLOW, "q: B*Hq*L*max(S,d,dv) overflows for q %s and k %s",
+              mha_shape_str(q, s1, sizeof s1), mha_shape_str(k, s2, sizeof s2));
 
     if (opt->scale_set) {
         MHA_CHECK(isfinite(opt->scale), MHA_ERR_VALUE, "scale: %g is not finite",
@@ -209,6 +227,7 @@ mha_status mha_sdpa_forward(mha_tensor *out, const mha_tensor *q, const mha_tens
                   MHA_ERR_SHAPE, "weights: shape %s, want (%lld,%lld,%lld,%lld)",
                   mha_shape_str(w, s1, sizeof s1), (long long)p.B, (long long)p.Hq,
                   (long long)p.L, (long long)p.S);
+        MHA_TRY(mha_check_writable(w, "weights"));
         MHA_CHECK(!mha_tensors_overlap(w, q) && !mha_tensors_overlap(w, k) &&
                       !mha_tensors_overlap(w, v) && !mha_tensors_overlap(w, out) &&
                       !mha_tensors_overlap(w, opt->mask) &&
@@ -218,13 +237,25 @@ mha_status mha_sdpa_forward(mha_tensor *out, const mha_tensor *q, const mha_tens
     }
     MHA_TRY(mha_attn_check_common(&p, opt->masked_rows, opt->training, opt->dropout_p, opt->seed));
     p.q = *q, p.k = *k, p.v = *v, p.o = *out;
-    return mha_attn_run(&p, opt->kernel);
+    float *rope_buf = NULL; /* rotated q and k when opt->rope */
+    MHA_TRY(mha_attn_check_modern(&p, opt, out, &rope_buf));
+    mha_status st = mha_attn_run(&p, opt->kernel);
+    mha_free(rope_buf);
+    return st;
 }
 
 mha_status mha_attn_run(const mha_attn_problem *p, mha_kernel kernel) {
     if (p->B == 0 || p->Hq == 0 || p->L == 0)
         return MHA_OK; /* empty output, nothing to compute */
-    switch (mha_kernel_resolve(kernel)) {
+    mha_kernel kr = mha_kernel_resolve(kernel);
+    if ((kr == MHA_KERNEL_SCALAR || kr == MHA_KERNEL_AVX2) && mha_attn_needs_ref(p)) {
+        MHA_CHECK(kernel == MHA_KERNEL_AUTO, MHA_ERR_UNSUPPORTED,
+                  "kernel: %s does not serve these options (float64 softmax or an option "
+                  "the fused kernels lack); use MHA_KERNEL_REF or AUTO",
+                  mha_kernel_name(kr));
+        kr = MHA_KERNEL_REF;
+    }
+    switch (kr) {
     case MHA_KERNEL_REF: return mha_attn_fwd_f32_ref(p);
     case MHA_KERNEL_SCALAR: return mha_attn_fwd_f32_scalar(p);
     case MHA_KERNEL_AVX2: return mha_attn_fwd_f32_avx2(p);

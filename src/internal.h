@@ -4,6 +4,7 @@
 
 #include "mha.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -78,6 +79,12 @@ mha_status mha_check_tensor(const mha_tensor *t, const char *name, int ndim, mha
 /* Checks that the view's largest offset fits in memory arithmetic. */
 mha_status mha_check_extent(const mha_tensor *t, const char *name);
 
+/* An output view must not write one element twice: its dims of size > 1,
+ * taken by increasing stride, each step past the span of the smaller ones
+ * (a broadcast view, stride 0, is refused).  MHA_ERR_ALIAS naming `name`.
+ * Call after mha_check_tensor (the spans are then known to fit). */
+mha_status mha_check_writable(const mha_tensor *t, const char *name);
+
 /* True when the memory spans of a and b overlap. */
 bool mha_tensors_overlap(const mha_tensor *a, const mha_tensor *b);
 
@@ -139,7 +146,53 @@ typedef struct mha_attn_problem {
     float dropout_p;
     uint64_t seed;
     mha_tensor weights;            /* data NULL when not requested */
+
+    /* ---- modern options (src/attention_opts.c); zero = off, so a
+     * memset problem keeps the classic semantics ---- */
+    float softcap;                 /* > 0: softcap*tanh(s/softcap) before bias */
+    bool window;                   /* window_left/right below apply        */
+    int64_t window_left;           /* -1 unbounded: j >= i + o_b - left     */
+    int64_t window_right;          /* -1 unbounded: j <= i + o_b + right    */
+    mha_tensor offsets;            /* (B) I64 o_b, data NULL: causal_offset */
+    mha_tensor kv_len;             /* (B) I64 S_b, data NULL: S             */
+    bool bottom_right_kv;          /* causal BOTTOM_RIGHT with kv_len: o_b = S_b - L */
+    mha_tensor alibi;              /* (Hq) F32 slopes, data NULL when off   */
+    mha_tensor sinks;              /* (Hq) F32 logits, data NULL when off   */
+    mha_tensor lse;                /* (B,Hq,L) data NULL when not requested */
+    mha_tensor qk;                 /* (B,Hq,L,S) data NULL when not requested */
+    int qk_mode;                   /* 0..3 for qk                            */
+    bool softmax_f64;              /* the reference kernel only              */
+    bool onnx_scale;               /* q, k each times qk_scale = sqrt(scale) */
+    float qk_scale;
 } mha_attn_problem;
+
+/* Per-batch offset o_b of the causal diagonal and window (query row i sits
+ * at position i + o_b) and valid key count S_b. */
+static inline int64_t mha_attn_offset(const mha_attn_problem *p, int64_t b) {
+    if (p->offsets.data)
+        return ((const int64_t *)p->offsets.data)[b * p->offsets.stride[0]];
+    if (p->bottom_right_kv)
+        return ((const int64_t *)p->kv_len.data)[b * p->kv_len.stride[0]] - p->L;
+    return p->causal_offset;
+}
+static inline int64_t mha_attn_kv_len(const mha_attn_problem *p, int64_t b) {
+    return p->kv_len.data ? ((const int64_t *)p->kv_len.data)[b * p->kv_len.stride[0]] : p->S;
+}
+
+/* True when p uses an option the fused kernels do not serve yet; AUTO then
+ * runs the reference and an explicit SCALAR/AVX2 is MHA_ERR_UNSUPPORTED. */
+bool mha_attn_needs_ref(const mha_attn_problem *p);
+
+/* Validates the modern options of opt into p (B..dv, causal, causal_offset
+ * already set); `out` and the inputs for alias checks.  May allocate rotated
+ * copies of q and k for RoPE into *rope_buf (free with mha_free). */
+mha_status mha_attn_check_modern(mha_attn_problem *p, const mha_sdpa_options *opt,
+                                 const mha_tensor *out, float **rope_buf);
+
+/* The score transform shared by every kernel: softcap of a scaled score. */
+static inline float mha_attn_softcap(float s, float cap) {
+    return cap > 0.0f ? cap * tanhf(s / cap) : s;
+}
 
 /* Additive bias for (b,h,i,j) from causal, mask and key padding mask;
  * -inf when masked. */

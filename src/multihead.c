@@ -90,7 +90,8 @@ static mha_status check_dims(mh_dims *m, const mha_tensor *query, const mha_tens
                              const mha_tensor *value, const mha_multihead_weights *w,
                              const mha_multihead_options *opt) {
     char s1[MHA_SHAPE_BUF], s2[MHA_SHAPE_BUF];
-    MHA_CHECK(w != NULL && opt != NULL, MHA_ERR_NULL, "multihead: NULL weights or options");
+    MHA_CHECK(w != NULL, MHA_ERR_NULL, "w: NULL weights");
+    MHA_CHECK(opt != NULL, MHA_ERR_NULL, "opt: NULL options");
     MHA_CHECK(query != NULL, MHA_ERR_NULL, "query: NULL tensor");
     m->batched = query->ndim == 3;
     MHA_CHECK(query->ndim == 2 || query->ndim == 3, MHA_ERR_SHAPE,
@@ -182,7 +183,8 @@ static mha_status mask_view(const mh_dims *m, const mha_tensor *t, bool is_kpm, 
         return mha_error(MHA_ERR_SHAPE, "attn_mask: shape %s, want 2-D (L,S) or 3-D (%s,L,S)",
                          mha_shape_str(t, sb, sizeof sb), m->batched ? "B*H" : "H");
     }
-    MHA_CHECK(v.data != NULL || m->B * m->L * m->S == 0, MHA_ERR_NULL, "%s: NULL data", name);
+    MHA_CHECK(v.data != NULL || m->B == 0 || m->L == 0 || m->S == 0, MHA_ERR_NULL,
+              "%s: NULL data", name);
     *view = v;
     return MHA_OK;
 }
@@ -199,6 +201,7 @@ static mha_status check_weights_out(const mh_dims *m, const mha_multihead_option
     want[n++] = m->L;
     want[n++] = m->Sx;
     MHA_TRY(mha_check_tensor(t, "weights", n, MHA_F32));
+    MHA_TRY(mha_check_writable(t, "weights"));
     for (int i = 0; i < n; i++)
         MHA_CHECK(t->shape[i] == want[i], MHA_ERR_SHAPE,
                   "weights: shape %s, want %s(%s%sL,S') with L=%lld S'=%lld",
@@ -322,6 +325,7 @@ mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
     MHA_CHECK(ob == m.B && ol == m.L && oe == m.E, MHA_ERR_SHAPE,
               "out: shape does not match query's (B,L,E) = (%lld,%lld,%lld)", (long long)m.B,
               (long long)m.L, (long long)m.E);
+    MHA_TRY(mha_check_writable(out, "out"));
     const mha_tensor *inputs[] = {query, key, value, w->in_proj_weight, w->q_proj_weight,
                                   w->k_proj_weight, w->v_proj_weight, w->in_proj_bias,
                                   w->out_proj_weight, w->out_proj_bias, w->bias_k, w->bias_v,
@@ -346,7 +350,7 @@ mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
     mha_attn_problem p;
     memset(&p, 0, sizeof p);
     MHA_TRY(mha_attn_check_common(&p, opt->masked_rows, opt->training, opt->dropout_p, opt->seed));
-    if (m.B * m.L == 0)
+    if (m.B == 0 || m.L == 0)
         return MHA_OK;
 
     /* workspace: qkv (B,R,3E) | attn (B,L,E) | per-head weights (B,H,L,S') */

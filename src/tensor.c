@@ -124,6 +124,31 @@ mha_status mha_check_tensor(const mha_tensor *t, const char *name, int ndim, mha
     return MHA_OK;
 }
 
+mha_status mha_check_writable(const mha_tensor *t, const char *name) {
+    if (tensor_empty(t))
+        return MHA_OK;
+    int dims[MHA_MAX_DIMS], n = 0;
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] > 1)
+            dims[n++] = i;
+    for (int a = 1; a < n; a++) /* insertion sort by stride */
+        for (int b = a; b > 0 && t->stride[dims[b]] < t->stride[dims[b - 1]]; b--) {
+            int x = dims[b];
+            dims[b] = dims[b - 1], dims[b - 1] = x;
+        }
+    int64_t span = 0; /* largest offset reached by the smaller-stride dims */
+    char sb[MHA_SHAPE_BUF];
+    for (int a = 0; a < n; a++) {
+        int i = dims[a];
+        MHA_CHECK(t->stride[i] > span, MHA_ERR_ALIAS,
+                  "%s: shape %s with stride %lld in dim %d writes some elements twice "
+                  "(an output cannot be a broadcast or self-overlapping view)",
+                  name, mha_shape_str(t, sb, sizeof sb), (long long)t->stride[i], i);
+        span += (t->shape[i] - 1) * t->stride[i];
+    }
+    return MHA_OK;
+}
+
 /* Byte range [lo, hi) covered by a view. */
 static void byte_span(const mha_tensor *t, uintptr_t *lo, uintptr_t *hi) {
     int64_t last = 0;

@@ -581,6 +581,56 @@ MHA_API mha_status mha_multihead_backward(mha_tensor *dquery, mha_tensor *dkey,
                                           const mha_multihead_options *opt, void *workspace,
                                           size_t workspace_bytes);
 
+/* ---- Transformer-layer backward (src/norm.c, activation.c, mlp.c,
+ * transformer.c; docs/training.md).  THE GRADIENT RULE above holds: every
+ * gradient is ADDED into (+=), NULL skips it.  Row tensors are "(N,E)" as
+ * in the forward section; gradients have their input's or weight's shape,
+ * are contiguous and overlap no input. */
+
+/* Linear: dx (N,K) += dout (N,F) weight; dweight (F,K) += dout^T x;
+ * dbias (F) += column sums of dout. */
+MHA_API mha_status mha_linear_backward(mha_tensor *dx, mha_tensor *dweight, mha_tensor *dbias,
+                                       const mha_tensor *dout, const mha_tensor *x,
+                                       const mha_tensor *weight);
+
+/* LayerNorm / RMSNorm of x (N,E): the row statistics are recomputed from x
+ * (no saved state).  weight (E) or NULL as in the forward; dweight/dbias (E). */
+MHA_API mha_status mha_layernorm_backward(mha_tensor *dx, mha_tensor *dweight, mha_tensor *dbias,
+                                          const mha_tensor *dout, const mha_tensor *x,
+                                          const mha_tensor *weight, float eps);
+MHA_API mha_status mha_rmsnorm_backward(mha_tensor *dx, mha_tensor *dweight,
+                                        const mha_tensor *dout, const mha_tensor *x,
+                                        const mha_tensor *weight, float eps);
+
+/* dx += dout * act'(x), x the forward's input (ReLU'(0) = 0 as PyTorch). */
+MHA_API mha_status mha_activation_backward(mha_tensor *dx, const mha_tensor *dout,
+                                           const mha_tensor *x, mha_activation act);
+
+/* out = x + y:  dx += dout, dy += dout (either may be NULL). */
+MHA_API mha_status mha_residual_backward(mha_tensor *dx, mha_tensor *dy, const mha_tensor *dout);
+
+/* dx += dout * keep / (1-p) with the forward's keep decisions (same p,
+ * training, seed, stream); dx += dout when not dropping. */
+MHA_API mha_status mha_dropout_backward(mha_tensor *dx, const mha_tensor *dout, float p,
+                                        int training, uint64_t seed, uint64_t stream);
+
+/* Gradients of an MLP's weights (NULL fields skipped). */
+typedef struct mha_mlp_grads {
+    mha_tensor *linear1_weight, *linear1_bias; /* (F,E), (F) */
+    mha_tensor *linear2_weight, *linear2_bias; /* (E,F), (E) */
+    mha_tensor *linear3_weight, *linear3_bias; /* (F,E), (F) */
+} mha_mlp_grads;
+
+/* MLP backward: the hidden layer is recomputed from x (N,E) (one GEMM, two
+ * gated), so no saved state.  workspace: mha_mlp_backward_workspace_size()
+ * bytes (6*N*F floats), float-aligned, or NULL (allocated inside). */
+MHA_API mha_status mha_mlp_backward_workspace_size(int64_t N, int64_t F, int gated,
+                                                   size_t *bytes);
+MHA_API mha_status mha_mlp_backward(mha_tensor *dx, const mha_mlp_grads *grads,
+                                    const mha_tensor *dout, const mha_tensor *x,
+                                    const mha_mlp_weights *w, mha_activation act,
+                                    void *workspace, size_t workspace_bytes);
+
 /* ------------------------------------------------------------------------ */
 /* Files                                                                     */
 /* ------------------------------------------------------------------------ */

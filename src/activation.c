@@ -186,3 +186,94 @@ mha_status mha_dropout_forward(mha_tensor *out, const mha_tensor *x, float p, in
         memcpy(out->data, x->data, sizeof(float) * (size_t)(N * E));
     return MHA_OK;
 }
+
+/* ---- backward ----------------------------------------------------------------
+ * Derivatives, as PyTorch's autograd formulas (derivatives.yaml):
+ *   ReLU       1 when x > 0, else 0 (threshold_backward)
+ *   GELU       Phi(x) + x phi(x)
+ *   GELU tanh  0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2),  t = tanh(k (x + c x^3))
+ *   SiLU       s (1 + x (1 - s)),  s = sigmoid(x)
+ * Evaluated in double per element: the cost is the same order as the
+ * float form here, and it keeps the f32 path within a rounding of _ref. */
+
+double mha_activation_grad_ref(double x, mha_activation act) {
+    switch (act) {
+    case MHA_ACT_RELU: return x > 0.0 ? 1.0 : 0.0;
+    case MHA_ACT_GELU:
+        return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+    case MHA_ACT_GELU_TANH: {
+        double t = tanh(GELU_TANH_K * (x + GELU_TANH_C * x * x * x));
+        return 0.5 * (1.0 + t) +
+               0.5 * x * (1.0 - t * t) * GELU_TANH_K * (1.0 + 3.0 * GELU_TANH_C * x * x);
+    }
+    case MHA_ACT_SILU: {
+        double s = 1.0 / (1.0 + exp(-x));
+        return s * (1.0 + x * (1.0 - s));
+    }
+    }
+    return NAN;
+}
+
+void mha_activation_backward_f32(float *dx, const float *dout, const float *x, int64_t n,
+                                 mha_activation act) {
+    if (act == MHA_ACT_RELU) {
+        for (int64_t i = 0; i < n; i++)
+            dx[i] += x[i] > 0.0f ? dout[i] : 0.0f;
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        dx[i] += (float)(dout[i] * mha_activation_grad_ref(x[i], act));
+}
+
+void mha_dropout_backward_f32(float *dx, const float *dout, int64_t n, float p, uint64_t seed,
+                              uint64_t stream) {
+    const float scale = 1.0f / (1.0f - p);
+    for (int64_t i = 0; i < n; i++)
+        if (mha_dropout_keep(seed, stream, i, p))
+            dx[i] += dout[i] * scale;
+}
+
+/* dx += dout, with the checks of the public backward entry points. */
+static mha_status accumulate(mha_tensor *dx, const mha_tensor *dout, const char *name, int64_t N,
+                             int64_t E) {
+    if (!dx)
+        return MHA_OK;
+    MHA_TRY(mha_rows_check_out(dx, dout, name, N, E, false));
+    float *d = dx->data;
+    const float *g = dout->data;
+    for (int64_t i = 0; i < N * E; i++)
+        d[i] += g[i];
+    return MHA_OK;
+}
+
+mha_status mha_activation_backward(mha_tensor *dx, const mha_tensor *dout, const mha_tensor *x,
+                                   mha_activation act) {
+    int64_t N, E;
+    MHA_CHECK(act >= MHA_ACT_RELU && act <= MHA_ACT_SILU, MHA_ERR_VALUE,
+              "activation: unknown value %d", (int)act);
+    MHA_TRY(mha_rows_check(x, "x", -1, &N, &E));
+    MHA_TRY(mha_rows_check_out(dout, x, "dout", N, E, true));
+    MHA_TRY(mha_rows_check_out(dx, x, "dx", N, E, false));
+    MHA_CHECK(!mha_tensors_overlap(dx, dout), MHA_ERR_ALIAS, "dx: overlaps dout");
+    mha_activation_backward_f32(dx->data, dout->data, x->data, N * E, act);
+    return MHA_OK;
+}
+
+mha_status mha_residual_backward(mha_tensor *dx, mha_tensor *dy, const mha_tensor *dout) {
+    int64_t N, E;
+    MHA_TRY(mha_rows_check(dout, "dout", -1, &N, &E));
+    MHA_TRY(accumulate(dx, dout, "dx", N, E));
+    return accumulate(dy, dout, "dy", N, E);
+}
+
+mha_status mha_dropout_backward(mha_tensor *dx, const mha_tensor *dout, float p, int training,
+                                uint64_t seed, uint64_t stream) {
+    int64_t N, E;
+    MHA_TRY(mha_rows_check(dout, "dout", -1, &N, &E));
+    MHA_CHECK(p >= 0.0f && p < 1.0f, MHA_ERR_VALUE, "dropout: p %g must be in [0,1)", (double)p);
+    if (!(training && p > 0.0f))
+        return accumulate(dx, dout, "dx", N, E);
+    MHA_TRY(mha_rows_check_out(dx, dout, "dx", N, E, false));
+    mha_dropout_backward_f32(dx->data, dout->data, N * E, p, seed, stream);
+    return MHA_OK;
+}

@@ -68,4 +68,56 @@ void mha_mlp_f32(float *y, const float *x, int64_t N, const mha_mlp_raw *m, mha_
 /* The float64 reference of the same (no dropout). */
 void mha_mlp_ref(float *y, const float *x, int64_t N, const mha_mlp_raw *m, mha_activation act);
 
+/* ---- backward passes ------------------------------------------------------
+ * Argument order (llm.c): outputs (the gradients), saved state, inputs
+ * (dout first, then the forward's inputs), weights, sizes.  Every gradient
+ * ACCUMULATES (+=) into its buffer; the caller zeroes.  A NULL gradient
+ * pointer skips that gradient.  Each f32 kernel has a float64 _ref twin with
+ * the same arguments.  Reductions over rows run serially or per output
+ * element, so the results never depend on the thread count. */
+
+/* Linear y (N,F) = x (N,K) w^T + b:  dx (N,K) += dout w,  dw (F,K) +=
+ * dout^T x,  db (F) += column sums of dout. */
+void mha_linear_backward_f32(float *dx, float *dw, float *db, const float *dout, const float *x,
+                             const float *w, int64_t N, int64_t F, int64_t K);
+void mha_linear_backward_ref(float *dx, float *dw, float *db, const float *dout, const float *x,
+                             const float *w, int64_t N, int64_t F, int64_t K);
+
+/* LayerNorm / RMSNorm: the row statistics are recomputed from x (N,E). */
+void mha_layernorm_backward_f32(float *dx, float *dw, float *db, const float *dout,
+                                const float *x, const float *w, int64_t N, int64_t E, float eps);
+void mha_layernorm_backward_ref(float *dx, float *dw, float *db, const float *dout,
+                                const float *x, const float *w, int64_t N, int64_t E, float eps);
+void mha_rmsnorm_backward_f32(float *dx, float *dw, const float *dout, const float *x,
+                              const float *w, int64_t N, int64_t E, float eps);
+void mha_rmsnorm_backward_ref(float *dx, float *dw, const float *dout, const float *x,
+                              const float *w, int64_t N, int64_t E, float eps);
+
+/* dx (n) += dout * act'(x). */
+void mha_activation_backward_f32(float *dx, const float *dout, const float *x, int64_t n,
+                                 mha_activation act);
+/* act'(x) in float64 (ReLU'(0) = 0, as torch's threshold_backward). */
+double mha_activation_grad_ref(double x, mha_activation act);
+
+/* dx (n) += dout * keep / (1-p), the keep decisions of the forward. */
+void mha_dropout_backward_f32(float *dx, const float *dout, int64_t n, float p, uint64_t seed,
+                              uint64_t stream);
+
+/* Gradients of an MLP's weights, raw (NULL = skip). */
+typedef struct mha_mlp_raw_grads {
+    float *w1, *b1, *w2, *b2, *w3, *b3; /* w1,w3 (F,E) w2 (E,F) */
+} mha_mlp_raw_grads;
+
+/* Floats of workspace mha_mlp_backward_f32 needs for N rows. */
+int64_t mha_mlp_backward_floats(int64_t N, int64_t F, bool gated);
+
+/* Backward of mha_mlp_f32 (same dropout arguments); the hidden layer is
+ * recomputed from x into ws (mha_mlp_backward_floats floats). */
+void mha_mlp_backward_f32(float *dx, const mha_mlp_raw_grads *g, const float *dout,
+                          const float *x, int64_t N, const mha_mlp_raw *m, mha_activation act,
+                          float *ws, float dropout_p, uint64_t seed, uint64_t stream);
+/* The float64 reference (no dropout). */
+void mha_mlp_backward_ref(float *dx, const mha_mlp_raw_grads *g, const float *dout,
+                          const float *x, int64_t N, const mha_mlp_raw *m, mha_activation act);
+
 #endif /* MHA_LAYERS_H */

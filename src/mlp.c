@@ -11,6 +11,10 @@
 #include <math.h>
 #include <string.h>
 
+#ifdef MHA_HAVE_CBLAS
+#include <cblas.h>
+#endif
+
 mha_status mha_linear_forward(mha_tensor *out, const mha_tensor *x, const mha_tensor *weight,
                               const mha_tensor *bias) {
     int64_t N, K, F = -1;
@@ -137,5 +141,297 @@ mha_status mha_mlp_forward(mha_tensor *out, const mha_tensor *x, const mha_mlp_w
     mha_mlp_f32(out->data, x->data, N, &m, act, hidden, 0.0f, 0, 0);
     if (hidden != workspace)
         mha_free(hidden);
+    return MHA_OK;
+}
+
+/* ---- backward ----------------------------------------------------------------
+ * Linear y (N,F) = x (N,K) w^T + b:
+ *   dx (N,K) += dout (N,F) w (F,K)     one GEMM over F
+ *   dw (F,K) += dout^T (F,N) x (N,K)   one GEMM over the rows
+ *   db (F)   += sum over rows of dout
+ * The fallback loops give each thread whole output rows, so every element
+ * is summed in one fixed order whatever the thread count. */
+
+void mha_linear_backward_f32(float *dx, float *dw, float *db, const float *dout, const float *x,
+                             const float *w, int64_t N, int64_t F, int64_t K) {
+    if (db)
+        for (int64_t r = 0; r < N; r++)
+            for (int64_t f = 0; f < F; f++)
+                db[f] += dout[r * F + f];
+    if (N == 0 || F == 0 || K == 0)
+        return;
+#ifdef MHA_HAVE_CBLAS
+    if (N <= INT32_MAX && F <= INT32_MAX && K <= INT32_MAX) {
+        if (dx)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)K, (int)F, 1.0f,
+                        dout, (int)F, w, (int)K, 1.0f, dx, (int)K);
+        if (dw)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)F, (int)K, (int)N, 1.0f,
+                        dout, (int)F, x, (int)K, 1.0f, dw, (int)K);
+        return;
+    }
+#endif
+    if (dx) {
+#pragma omp parallel for schedule(static) num_threads(mha_threads()) if (N * F * K > 65536)
+        for (int64_t r = 0; r < N; r++)
+            for (int64_t f = 0; f < F; f++) {
+                const float a = dout[r * F + f];
+                for (int64_t k = 0; k < K; k++)
+                    dx[r * K + k] += a * w[f * K + k];
+            }
+    }
+    if (dw) {
+#pragma omp parallel for schedule(static) num_threads(mha_threads()) if (N * F * K > 65536)
+        for (int64_t f = 0; f < F; f++)
+            for (int64_t r = 0; r < N; r++) {
+                const float a = dout[r * F + f];
+                for (int64_t k = 0; k < K; k++)
+                    dw[f * K + k] += a * x[r * K + k];
+            }
+    }
+}
+
+void mha_linear_backward_ref(float *dx, float *dw, float *db, const float *dout, const float *x,
+                             const float *w, int64_t N, int64_t F, int64_t K) {
+    for (int64_t r = 0; r < N && dx; r++)
+        for (int64_t k = 0; k < K; k++) {
+            double acc = 0.0;
+            for (int64_t f = 0; f < F; f++)
+                acc += (double)dout[r * F + f] * w[f * K + k];
+            dx[r * K + k] += (float)acc;
+        }
+    for (int64_t f = 0; f < F; f++) {
+        for (int64_t k = 0; k < K && dw; k++) {
+            double acc = 0.0;
+            for (int64_t r = 0; r < N; r++)
+                acc += (double)dout[r * F + f] * x[r * K + k];
+            dw[f * K + k] += (float)acc;
+        }
+        if (db) {
+            double acc = 0.0;
+            for (int64_t r = 0; r < N; r++)
+                acc += dout[r * F + f];
+            db[f] += (float)acc;
+        }
+    }
+}
+
+/* MLP backward.  Workspace (N,F) blocks:
+ *   a1 = x w1^T + b1 (pre-activation)   up = x w3^T + b3 (gated)
+ *   s  = act(a1)                        h  = dropout(s [* up]), linear2's input
+ *   d1, d2: the gradient through h and the one through a1.
+ * Then: dh = dout w2 (and dw2, db2); dropout backward; gated: d up = dh * s,
+ * d s = dh * up; da1 = d s * act'(a1); linear1 (and linear3) backward. */
+int64_t mha_mlp_backward_floats(int64_t N, int64_t F, bool gated) {
+    int64_t n;
+    (void)gated; /* the non-gated form leaves `up` unused: one plan for both */
+    if (!mha_product((int64_t[]){N, F, 6}, 3, &n))
+        return -1;
+    return n;
+}
+
+void mha_mlp_backward_f32(float *dx, const mha_mlp_raw_grads *g, const float *dout,
+                          const float *x, int64_t N, const mha_mlp_raw *m, mha_activation act,
+                          float *ws, float dropout_p, uint64_t seed, uint64_t stream) {
+    const int64_t E = m->E, F = m->F, NF = N * F;
+    float *a1 = ws, *up = a1 + NF, *s = up + NF, *h = s + NF, *d1 = h + NF, *d2 = d1 + NF;
+    mha_linear_f32(a1, F, x, E, m->w1, E, m->b1, N, F, E, 0);
+    mha_activation_f32(s, a1, NF, act);
+    if (m->w3) {
+        mha_linear_f32(up, F, x, E, m->w3, E, m->b3, N, F, E, 0);
+        for (int64_t i = 0; i < NF; i++)
+            h[i] = s[i] * up[i];
+    } else {
+        memcpy(h, s, sizeof(float) * (size_t)NF);
+    }
+    if (dropout_p > 0.0f)
+        mha_dropout_f32(h, h, NF, dropout_p, seed, stream);
+    /* in the forward: out = h w2^T + b2 */
+    memset(d1, 0, sizeof(float) * (size_t)NF);
+    mha_linear_backward_f32(d1, g->w2, g->b2, dout, h, m->w2, N, E, F);
+    float *dh = d1, *free_ = d2;
+    if (dropout_p > 0.0f) {
+        memset(d2, 0, sizeof(float) * (size_t)NF);
+        mha_dropout_backward_f32(d2, d1, NF, dropout_p, seed, stream);
+        dh = d2, free_ = d1;
+    }
+    if (m->w3) {
+        /* h = s * up: d up = dh * s (into s), d s = dh * up (into up) */
+        for (int64_t i = 0; i < NF; i++) {
+            const float gs = dh[i] * up[i];
+            s[i] *= dh[i];
+            up[i] = gs;
+        }
+        dh = up;
+    }
+    memset(free_, 0, sizeof(float) * (size_t)NF);
+    mha_activation_backward_f32(free_, dh, a1, NF, act);
+    mha_linear_backward_f32(dx, g->w1, g->b1, free_, x, m->w1, N, F, E);
+    if (m->w3)
+        mha_linear_backward_f32(dx, g->w3, g->b3, s, x, m->w3, N, F, E);
+}
+
+/* Hidden unit f of row xr in float64: pre-activation and gate. */
+static void mlp_unit_ref(const mha_mlp_raw *m, const float *xr, int64_t f, double *a,
+                         double *gate) {
+    const int64_t E = m->E;
+    double acc = m->b1 ? m->b1[f] : 0.0, acc3 = m->b3 ? m->b3[f] : 0.0;
+    for (int64_t c = 0; c < E; c++) {
+        acc += (double)xr[c] * m->w1[f * E + c];
+        if (m->w3)
+            acc3 += (double)xr[c] * m->w3[f * E + c];
+    }
+    *a = acc;
+    *gate = m->w3 ? acc3 : 1.0;
+}
+
+void mha_mlp_backward_ref(float *dx, const mha_mlp_raw_grads *g, const float *dout,
+                          const float *x, int64_t N, const mha_mlp_raw *m, mha_activation act) {
+    const int64_t E = m->E, F = m->F;
+    for (int64_t r = 0; r < N; r++) {
+        const float *xr = x + r * E, *dr = dout + r * E;
+        for (int64_t o = 0; o < E && g->b2; o++)
+            g->b2[o] += dr[o];
+        for (int64_t f = 0; f < F; f++) {
+            double a, gate, dh = 0.0;
+            mlp_unit_ref(m, xr, f, &a, &gate);
+            const double s = mha_activation_ref(a, act);
+            for (int64_t o = 0; o < E; o++) {
+                dh += (double)dr[o] * m->w2[o * F + f];
+                if (g->w2)
+                    g->w2[o * F + f] += (float)(dr[o] * s * gate);
+            }
+            const double da = dh * gate * mha_activation_grad_ref(a, act), dgate = dh * s;
+            if (g->b1)
+                g->b1[f] += (float)da;
+            if (m->w3 && g->b3)
+                g->b3[f] += (float)dgate;
+            for (int64_t c = 0; c < E; c++) {
+                if (g->w1)
+                    g->w1[f * E + c] += (float)(da * xr[c]);
+                if (m->w3 && g->w3)
+                    g->w3[f * E + c] += (float)(dgate * xr[c]);
+            }
+        }
+        for (int64_t c = 0; c < E && dx; c++) {
+            double acc = 0.0;
+            for (int64_t f = 0; f < F; f++) {
+                double a, gate, dh = 0.0;
+                mlp_unit_ref(m, xr, f, &a, &gate);
+                for (int64_t o = 0; o < E; o++)
+                    dh += (double)dr[o] * m->w2[o * F + f];
+                acc += dh * gate * mha_activation_grad_ref(a, act) * m->w1[f * E + c];
+                if (m->w3)
+                    acc += dh * mha_activation_ref(a, act) * m->w3[f * E + c];
+            }
+            dx[r * E + c] += (float)acc;
+        }
+    }
+}
+
+/* ---- public backward ------------------------------------------------------- */
+
+static float *gdata(mha_tensor *t) { return t ? (float *)t->data : NULL; }
+
+mha_status mha_linear_backward(mha_tensor *dx, mha_tensor *dweight, mha_tensor *dbias,
+                               const mha_tensor *dout, const mha_tensor *x,
+                               const mha_tensor *weight) {
+    int64_t N, K, F;
+    MHA_TRY(mha_rows_check(x, "x", -1, &N, &K));
+    MHA_CHECK(weight != NULL, MHA_ERR_NULL, "weight: NULL tensor");
+    MHA_TRY(mha_check_tensor(weight, "weight", 2, MHA_F32));
+    F = weight->shape[0];
+    int64_t k = K;
+    MHA_TRY(mha_matrix_check(weight, "weight", F, &k));
+    MHA_TRY(mha_rows_check_out(dout, x, "dout", N, F, false));
+    if (dx) {
+        MHA_TRY(mha_rows_check_out(dx, x, "dx", N, K, false));
+        MHA_CHECK(!mha_tensors_overlap(dx, dout) && !mha_tensors_overlap(dx, weight),
+                  MHA_ERR_ALIAS, "dx: overlaps dout or weight");
+    }
+    if (dweight) {
+        k = K;
+        MHA_TRY(mha_matrix_check(dweight, "dweight", F, &k));
+        MHA_CHECK(!mha_tensors_overlap(dweight, dout) && !mha_tensors_overlap(dweight, x) &&
+                      !mha_tensors_overlap(dweight, weight),
+                  MHA_ERR_ALIAS, "dweight: overlaps an input");
+    }
+    MHA_TRY(mha_vector_check(dbias, "dbias", F));
+    mha_linear_backward_f32(gdata(dx), gdata(dweight), gdata(dbias), dout->data, x->data,
+                            weight->data, N, F, K);
+    return MHA_OK;
+}
+
+mha_status mha_mlp_backward_workspace_size(int64_t N, int64_t F, int gated, size_t *bytes) {
+    MHA_CHECK(bytes != NULL, MHA_ERR_NULL, "mlp: NULL bytes");
+    MHA_CHECK(N >= 0 && F >= 0, MHA_ERR_SHAPE, "mlp: negative size");
+    int64_t n = mha_mlp_backward_floats(N, F, gated != 0);
+    MHA_CHECK(n >= 0 && !mha_size_mul_overflows((size_t)n, sizeof(float), bytes),
+              MHA_ERR_OVERFLOW, "mlp: workspace size overflows");
+    return MHA_OK;
+}
+
+/* A gradient of the same shape as its weight (or NULL / weight NULL). */
+static mha_status grad_like(mha_tensor *g, const mha_tensor *w, const char *name) {
+    char sb[MHA_SHAPE_BUF];
+    if (!g)
+        return MHA_OK;
+    MHA_CHECK(w != NULL, MHA_ERR_VALUE, "%s: given for an absent weight", name);
+    int64_t n, want;
+    MHA_TRY(mha_check_tensor(g, name, g->ndim, MHA_F32));
+    MHA_CHECK(mha_tensor_numel(g, &n) == MHA_OK && mha_tensor_numel(w, &want) == MHA_OK &&
+                  n == want && g->ndim == w->ndim,
+              MHA_ERR_SHAPE, "%s: shape %s does not match its weight", name,
+              mha_shape_str(g, sb, sizeof sb));
+    for (int i = 0; i < g->ndim; i++)
+        MHA_CHECK(g->shape[i] == w->shape[i], MHA_ERR_SHAPE, "%s: shape %s does not match its weight",
+                  name, mha_shape_str(g, sb, sizeof sb));
+    if (g->ndim == 2)
+        MHA_TRY(mha_matrix_check(g, name, g->shape[0], &(int64_t){g->shape[1]}));
+    else
+        MHA_TRY(mha_vector_check(g, name, g->shape[g->ndim - 1]));
+    return MHA_OK;
+}
+
+mha_status mha_mlp_backward(mha_tensor *dx, const mha_mlp_grads *grads, const mha_tensor *dout,
+                            const mha_tensor *x, const mha_mlp_weights *w, mha_activation act,
+                            void *workspace, size_t workspace_bytes) {
+    int64_t N, E;
+    mha_mlp_raw m;
+    MHA_CHECK(act >= MHA_ACT_RELU && act <= MHA_ACT_SILU, MHA_ERR_VALUE,
+              "activation: unknown value %d", (int)act);
+    MHA_TRY(mha_rows_check(x, "x", -1, &N, &E));
+    MHA_TRY(mha_mlp_resolve(w, E, &m));
+    MHA_TRY(mha_rows_check_out(dout, x, "dout", N, E, true));
+    if (dx) {
+        MHA_TRY(mha_rows_check_out(dx, x, "dx", N, E, false));
+        MHA_CHECK(!mha_tensors_overlap(dx, dout), MHA_ERR_ALIAS, "dx: overlaps dout");
+    }
+    mha_mlp_grads none = {0};
+    const mha_mlp_grads *gr = grads ? grads : &none;
+    MHA_TRY(grad_like(gr->linear1_weight, w->linear1_weight, "dlinear1_weight"));
+    MHA_TRY(grad_like(gr->linear1_bias, w->linear1_bias, "dlinear1_bias"));
+    MHA_TRY(grad_like(gr->linear2_weight, w->linear2_weight, "dlinear2_weight"));
+    MHA_TRY(grad_like(gr->linear2_bias, w->linear2_bias, "dlinear2_bias"));
+    MHA_TRY(grad_like(gr->linear3_weight, w->linear3_weight, "dlinear3_weight"));
+    MHA_TRY(grad_like(gr->linear3_bias, w->linear3_bias, "dlinear3_bias"));
+    size_t need;
+    MHA_TRY(mha_mlp_backward_workspace_size(N, m.F, m.w3 != NULL, &need));
+    float *ws = workspace;
+    if (ws) {
+        MHA_CHECK(workspace_bytes >= need, MHA_ERR_VALUE, "mlp: workspace of %zu bytes, need %zu",
+                  workspace_bytes, need);
+        MHA_CHECK(((uintptr_t)workspace % sizeof(float)) == 0, MHA_ERR_VALUE,
+                  "mlp: workspace must be float-aligned");
+    } else {
+        ws = mha_malloc(need ? need : 1);
+        MHA_CHECK(ws != NULL, MHA_ERR_NOMEM, "mlp: cannot allocate %zu bytes", need);
+    }
+    mha_mlp_raw_grads g = {gdata(gr->linear1_weight), gdata(gr->linear1_bias),
+                           gdata(gr->linear2_weight), gdata(gr->linear2_bias),
+                           gdata(gr->linear3_weight), gdata(gr->linear3_bias)};
+    mha_mlp_backward_f32(gdata(dx), &g, dout->data, x->data, N, &m, act, ws, 0.0f, 0, 0);
+    if (ws != workspace)
+        mha_free(ws);
     return MHA_OK;
 }

@@ -109,3 +109,162 @@ mha_status mha_rmsnorm_forward(mha_tensor *out, const mha_tensor *x, const mha_t
     mha_rmsnorm_f32(out->data, x->data, N, E, mha_fdata(weight), eps);
     return MHA_OK;
 }
+
+/* ---- backward ---------------------------------------------------------------
+ * ref: docs/layers.md; llm.c doc/layernorm.  With xhat = (x - mean) * rstd
+ * and g = dout * w (dout when w is NULL), the forward y = xhat * w + b gives
+ *   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
+ *   dw += dout * xhat,  db += dout.
+ * RMSNorm y = x * r * w, r = 1/sqrt(mean(x^2) + eps):
+ *   dx = r * g - x * r^3 * mean(g * x),  dw += dout * x * r.
+ * Rows run serially (E is small next to the GEMMs; dw/db sum over rows, and
+ * one fixed order keeps results independent of the thread count).  The row
+ * statistics and the two means are in double, as in the forward. */
+
+void mha_layernorm_backward_f32(float *dx, float *dw, float *db, const float *dout,
+                                const float *x, const float *w, int64_t N, int64_t E, float eps) {
+    for (int64_t r = 0; r < N; r++) {
+        const float *xr = x + r * E, *dr = dout + r * E;
+        double sum = 0.0;
+        for (int64_t c = 0; c < E; c++)
+            sum += xr[c];
+        const double mean = sum / (double)E;
+        double sq = 0.0;
+        for (int64_t c = 0; c < E; c++)
+            sq += (xr[c] - mean) * (xr[c] - mean);
+        const double rstd = 1.0 / sqrt(sq / (double)E + (double)eps);
+        double gmean = 0.0, gxmean = 0.0;
+        for (int64_t c = 0; c < E; c++) {
+            double xh = (xr[c] - mean) * rstd, g = w ? (double)dr[c] * w[c] : dr[c];
+            gmean += g;
+            gxmean += g * xh;
+            if (dw)
+                dw[c] += (float)(dr[c] * xh);
+            if (db)
+                db[c] += dr[c];
+        }
+        gmean /= (double)E, gxmean /= (double)E;
+        if (dx)
+            for (int64_t c = 0; c < E; c++) {
+                double xh = (xr[c] - mean) * rstd, g = w ? (double)dr[c] * w[c] : dr[c];
+                dx[r * E + c] += (float)(rstd * (g - gmean - xh * gxmean));
+            }
+    }
+}
+
+void mha_layernorm_backward_ref(float *dx, float *dw, float *db, const float *dout,
+                                const float *x, const float *w, int64_t N, int64_t E, float eps) {
+    /* literal chain rule through mean and variance, float64 throughout:
+     * dy/dx_j = w * (delta_ij - 1/E) * rstd - w * xhat_i * xhat_j * rstd / E */
+    for (int64_t r = 0; r < N; r++) {
+        const float *xr = x + r * E, *dr = dout + r * E;
+        double mean = 0.0, var = 0.0;
+        for (int64_t c = 0; c < E; c++)
+            mean += xr[c];
+        mean /= (double)E;
+        for (int64_t c = 0; c < E; c++)
+            var += (xr[c] - mean) * (xr[c] - mean);
+        var /= (double)E;
+        const double rstd = 1.0 / sqrt(var + eps);
+        for (int64_t j = 0; j < E; j++) {
+            double xj = (xr[j] - mean) * rstd, acc = 0.0;
+            for (int64_t i = 0; i < E; i++) {
+                double xi = (xr[i] - mean) * rstd;
+                double jac = ((i == j) - 1.0 / (double)E) * rstd - xi * xj * rstd / (double)E;
+                acc += (double)dr[i] * (w ? w[i] : 1.0) * jac;
+            }
+            if (dx)
+                dx[r * E + j] += (float)acc;
+            if (dw)
+                dw[j] += (float)(dr[j] * xj);
+            if (db)
+                db[j] += dr[j];
+        }
+    }
+}
+
+void mha_rmsnorm_backward_f32(float *dx, float *dw, const float *dout, const float *x,
+                              const float *w, int64_t N, int64_t E, float eps) {
+    for (int64_t r = 0; r < N; r++) {
+        const float *xr = x + r * E, *dr = dout + r * E;
+        double sq = 0.0, gx = 0.0;
+        for (int64_t c = 0; c < E; c++) {
+            sq += (double)xr[c] * xr[c];
+            gx += (double)dr[c] * (w ? w[c] : 1.0f) * xr[c];
+        }
+        const double rs = 1.0 / sqrt(sq / (double)E + (double)eps);
+        const double k = rs * rs * rs * gx / (double)E;
+        for (int64_t c = 0; c < E; c++) {
+            if (dx)
+                dx[r * E + c] += (float)(rs * dr[c] * (w ? w[c] : 1.0f) - xr[c] * k);
+            if (dw)
+                dw[c] += (float)(dr[c] * xr[c] * rs);
+        }
+    }
+}
+
+void mha_rmsnorm_backward_ref(float *dx, float *dw, const float *dout, const float *x,
+                              const float *w, int64_t N, int64_t E, float eps) {
+    /* dy_i/dx_j = w_i * (delta_ij * r - x_i * x_j * r^3 / E) */
+    for (int64_t r = 0; r < N; r++) {
+        const float *xr = x + r * E, *dr = dout + r * E;
+        double ms = 0.0;
+        for (int64_t c = 0; c < E; c++)
+            ms += (double)xr[c] * xr[c];
+        const double rs = 1.0 / sqrt(ms / (double)E + eps);
+        for (int64_t j = 0; j < E; j++) {
+            double acc = 0.0;
+            for (int64_t i = 0; i < E; i++)
+                acc += (double)dr[i] * (w ? w[i] : 1.0) *
+                       ((i == j) * rs - (double)xr[i] * xr[j] * rs * rs * rs / (double)E);
+            if (dx)
+                dx[r * E + j] += (float)acc;
+            if (dw)
+                dw[j] += (float)((double)dr[j] * xr[j] * rs);
+        }
+    }
+}
+
+/* ---- public backward ------------------------------------------------------- */
+
+/* A gradient tensor: NULL, or a contiguous float (N,E) / vector (E) apart
+ * from the inputs. */
+static mha_status grad_rows(const mha_tensor *g, const mha_tensor *x, const char *name,
+                            int64_t N, int64_t E) {
+    if (!g)
+        return MHA_OK;
+    return mha_rows_check_out(g, x, name, N, E, false);
+}
+
+mha_status mha_layernorm_backward(mha_tensor *dx, mha_tensor *dweight, mha_tensor *dbias,
+                                  const mha_tensor *dout, const mha_tensor *x,
+                                  const mha_tensor *weight, float eps) {
+    int64_t N, E;
+    MHA_TRY(mha_rows_check(x, "x", -1, &N, &E));
+    MHA_TRY(mha_rows_check_out(dout, x, "dout", N, E, true));
+    MHA_TRY(grad_rows(dx, x, "dx", N, E));
+    MHA_TRY(mha_vector_check(weight, "weight", E));
+    MHA_TRY(mha_vector_check(dweight, "dweight", E));
+    MHA_TRY(mha_vector_check(dbias, "dbias", E));
+    MHA_TRY(check_eps(eps, "layernorm"));
+    MHA_CHECK(!dx || !mha_tensors_overlap(dx, dout), MHA_ERR_ALIAS, "dx: overlaps dout");
+    mha_layernorm_backward_f32(dx ? dx->data : NULL, dweight ? dweight->data : NULL,
+                               dbias ? dbias->data : NULL, dout->data, x->data,
+                               mha_fdata(weight), N, E, eps);
+    return MHA_OK;
+}
+
+mha_status mha_rmsnorm_backward(mha_tensor *dx, mha_tensor *dweight, const mha_tensor *dout,
+                                const mha_tensor *x, const mha_tensor *weight, float eps) {
+    int64_t N, E;
+    MHA_TRY(mha_rows_check(x, "x", -1, &N, &E));
+    MHA_TRY(mha_rows_check_out(dout, x, "dout", N, E, true));
+    MHA_TRY(grad_rows(dx, x, "dx", N, E));
+    MHA_TRY(mha_vector_check(weight, "weight", E));
+    MHA_TRY(mha_vector_check(dweight, "dweight", E));
+    MHA_TRY(check_eps(eps, "rmsnorm"));
+    MHA_CHECK(!dx || !mha_tensors_overlap(dx, dout), MHA_ERR_ALIAS, "dx: overlaps dout");
+    mha_rmsnorm_backward_f32(dx ? dx->data : NULL, dweight ? dweight->data : NULL, dout->data,
+                             x->data, mha_fdata(weight), N, E, eps);
+    return MHA_OK;
+}

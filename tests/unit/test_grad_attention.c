@@ -1,0 +1,350 @@
+/* test_grad_attention.c - gradient checks of the attention backward passes.
+ *
+ * Letter legend: B batch, Hq query heads, Hkv kv heads, L query length,
+ * S key length, d head dim of q/k, dv head dim of v.
+ *
+ * Finite differences: loss = sum(dout * y) accumulated in double over the
+ * float32 output of the REFERENCE forward (float64 inside, one rounding per
+ * output element).  Central differences with step h = 1e-3 on the float32
+ * input (the step actually taken, (float)(x+h) - x, is used); the rounding
+ * of y bounds the noise near 1e-4, so the check is
+ *   max|g_fd - g| <= 2e-3 * max(1, max|g|) per tensor.
+ * The fused backward is compared with the float64 reference backward at
+ * max|g - ref| <= 1e-4 * max(1, max|ref|) and must be bit-identical for
+ * 1, 2, 3 and 7 threads.
+ */
+#include "test.h"
+
+typedef struct grad_cfg {
+    int64_t B, Hq, Hkv, L, S, d, dv;
+    mha_causal causal;
+    int64_t offset;
+    int mask;     /* 0 none, 1 bool (L,S), 2 float (B,1,L,S), 3 bool (B,Hq,L,S) */
+    int kpm;      /* 0 none, 1 bool (B,S), 2 float (B,S)                      */
+    int dropout;  /* p = 0.3, fixed seed                                      */
+    int scale;    /* custom scale 0.7                                         */
+    int softcap;  /* softcap 2.0                                              */
+    int dead_row; /* row 1 of every head fully masked (through the mask)      */
+} grad_cfg;
+
+typedef struct grad_case {
+    grad_cfg c;
+    mha_tensor q, k, v, dout, mask, kpm;
+    float *qd, *kd, *vd, *dod, *md, *kd_pm;
+    mha_sdpa_options opt;
+} grad_case;
+
+static uint64_t mix(uint64_t x) {
+    x ^= x >> 33, x *= 0xff51afd7ed558ccdull, x ^= x >> 33;
+    return x;
+}
+
+static void case_make(grad_case *t, const grad_cfg *c, uint64_t seed) {
+    memset(t, 0, sizeof *t);
+    t->c = *c;
+    t->qd = test_tensor(&t->q, 4, (int64_t[]){c->B, c->Hq, c->L, c->d}, seed + 1);
+    t->kd = test_tensor(&t->k, 4, (int64_t[]){c->B, c->Hkv, c->S, c->d}, seed + 2);
+    t->vd = test_tensor(&t->v, 4, (int64_t[]){c->B, c->Hkv, c->S, c->dv}, seed + 3);
+    t->dod = test_tensor(&t->dout, 4, (int64_t[]){c->B, c->Hq, c->L, c->dv}, seed + 4);
+    mha_sdpa_options_init(&t->opt);
+    mha_sdpa_options *o = &t->opt;
+    o->kernel = MHA_KERNEL_REF;
+    o->causal = c->causal;
+    o->causal_offset = c->offset;
+    if (c->mask || c->dead_row) {
+        int kind = c->mask ? c->mask : 2;
+        int64_t shape[4] = {c->B, kind == 3 ? c->Hq : 1, c->L, c->S};
+        int64_t n = shape[0] * shape[1] * shape[2] * shape[3];
+        t->md = malloc(sizeof(float) * (size_t)n);
+        if (kind == 1) {
+            mha_tensor_init(&t->mask, MHA_BOOL, t->md, 2, (int64_t[]){c->L, c->S});
+            uint8_t *m = (uint8_t *)t->md;
+            for (int64_t x = 0; x < c->L * c->S; x++)
+                m[x] = (mix(seed * 31 + (uint64_t)x) % 4) != 0; /* true keeps */
+            for (int64_t i = 0; i < c->L; i++)
+                m[i * c->S + i % c->S] = !(c->dead_row && i == 1);
+            if (c->dead_row)
+                for (int64_t j = 0; j < c->S; j++)
+                    m[1 * c->S + j] = 0;
+        } else if (kind == 3) {
+            mha_tensor_init(&t->mask, MHA_BOOL, t->md, 4, shape);
+            uint8_t *m = (uint8_t *)t->md;
+            for (int64_t x = 0; x < n; x++)
+                m[x] = (mix(seed * 17 + (uint64_t)x) % 3) != 0;
+            for (int64_t x = 0; x < n / c->S; x++) {
+                m[x * c->S + (x % c->S)] = 1;
+                if (c->dead_row && (x % c->L) == 1)
+                    for (int64_t j = 0; j < c->S; j++)
+                        m[x * c->S + j] = 0;
+            }
+        } else {
+            mha_tensor_init(&t->mask, MHA_F32, t->md, 4, shape);
+            test_randn(t->md, (size_t)n, seed + 5);
+            for (int64_t x = 0; x < n; x++) {
+                if (!c->mask)
+                    t->md[x] = 0.0f;
+                if (c->dead_row && (x / c->S) % c->L == 1)
+                    t->md[x] = -INFINITY;
+            }
+        }
+        o->mask = &t->mask;
+    }
+    if (c->kpm) {
+        t->kd_pm = malloc(sizeof(float) * (size_t)(c->B * c->S));
+        if (c->kpm == 1) {
+            mha_tensor_init(&t->kpm, MHA_BOOL, t->kd_pm, 2, (int64_t[]){c->B, c->S});
+            uint8_t *m = (uint8_t *)t->kd_pm;
+            for (int64_t x = 0; x < c->B * c->S; x++)
+                m[x] = (x % c->S) == c->S - 1 && c->S > 2; /* true masks: last key */
+        } else {
+            mha_tensor_init(&t->kpm, MHA_F32, t->kd_pm, 2, (int64_t[]){c->B, c->S});
+            test_randn(t->kd_pm, (size_t)(c->B * c->S), seed + 6);
+        }
+        o->key_padding_mask = &t->kpm;
+    }
+    if (c->dropout) {
+        o->training = 1;
+        o->dropout_p = 0.3f;
+        o->seed = 1234 + seed;
+    }
+    if (c->scale)
+        o->scale_set = 1, o->scale = 0.7f;
+    if (c->softcap)
+        o->softcap = 2.0f;
+}
+
+static void case_free(grad_case *t) {
+    free(t->qd), free(t->kd), free(t->vd), free(t->dod), free(t->md), free(t->kd_pm);
+}
+
+static int64_t numel(const mha_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++)
+        n *= t->shape[i];
+    return n;
+}
+
+/* loss = sum(dout * forward) in double, reference forward. */
+static double loss(grad_case *t) {
+    mha_tensor y;
+    if (mha_tensor_alloc(&y, MHA_F32, 4, t->dout.shape) != MHA_OK)
+        return NAN;
+    double l = NAN;
+    if (mha_sdpa_forward(&y, &t->q, &t->k, &t->v, &t->opt) == MHA_OK) {
+        l = 0.0;
+        const float *yd = y.data;
+        for (int64_t x = 0; x < numel(&y); x++)
+            l += (double)yd[x] * (double)t->dod[x];
+    }
+    mha_tensor_free(&y);
+    return l;
+}
+
+/* Analytic gradients with `kernel` into fresh zeroed dq/dk/dv (caller frees). */
+static mha_status grads(grad_case *t, mha_kernel kernel, mha_tensor g[3], int with_saved) {
+    const mha_tensor *in[3] = {&t->q, &t->k, &t->v};
+    for (int x = 0; x < 3; x++)
+        if (mha_tensor_alloc(&g[x], MHA_F32, 4, in[x]->shape) != MHA_OK)
+            return MHA_ERR_NOMEM;
+    mha_sdpa_options o = t->opt;
+    o.kernel = kernel;
+    if (!with_saved)
+        return mha_sdpa_backward(&g[0], &g[1], &g[2], &t->dout, NULL, NULL, &t->q, &t->k, &t->v,
+                                 &o);
+    /* saved out and lse from the forward */
+    mha_tensor out, lse;
+    mha_tensor_alloc(&out, MHA_F32, 4, t->dout.shape);
+    mha_tensor_alloc(&lse, MHA_F32, 3, t->dout.shape);
+    mha_sdpa_options fo = t->opt;
+    fo.lse = &lse;
+    mha_status st = mha_sdpa_forward(&out, &t->q, &t->k, &t->v, &fo);
+    if (st == MHA_OK)
+        st = mha_sdpa_backward(&g[0], &g[1], &g[2], &t->dout, &out, &lse, &t->q, &t->k, &t->v,
+                               &o);
+    mha_tensor_free(&out);
+    mha_tensor_free(&lse);
+    return st;
+}
+
+static void free3(mha_tensor g[3]) {
+    for (int x = 0; x < 3; x++)
+        mha_tensor_free(&g[x]);
+}
+
+static double worst_fd = 0.0, worst_flash = 0.0;
+static int configs_checked = 0;
+
+/* Central differences of every element of q, k, v against g. */
+static double fd_error(grad_case *t, mha_tensor g[3]) {
+    float *data[3] = {t->qd, t->kd, t->vd};
+    const mha_tensor *in[3] = {&t->q, &t->k, &t->v};
+    double worst = 0.0;
+    for (int x = 0; x < 3; x++) {
+        const float *ga = g[x].data;
+        double gmax = 0.0, emax = 0.0;
+        for (int64_t n = 0; n < numel(in[x]); n++)
+            gmax = fmax(gmax, fabs(ga[n]));
+        for (int64_t n = 0; n < numel(in[x]); n++) {
+            float keep = data[x][n];
+            data[x][n] = keep + 1e-3f;
+            double up = (double)data[x][n] - keep;
+            double lp = loss(t);
+            data[x][n] = keep - 1e-3f;
+            double dn = (double)keep - data[x][n];
+            double lm = loss(t);
+            data[x][n] = keep;
+            double fd = (lp - lm) / (up + dn);
+            emax = fmax(emax, fabs(fd - ga[n]));
+        }
+        worst = fmax(worst, emax / fmax(1.0, gmax));
+    }
+    return worst;
+}
+
+static double rel3(mha_tensor a[3], mha_tensor b[3]) {
+    double w = 0.0;
+    for (int x = 0; x < 3; x++)
+        w = fmax(w, test_rel_err(a[x].data, b[x].data, (size_t)numel(&a[x])));
+    return w;
+}
+
+static void check_config(const grad_cfg *c, uint64_t seed) {
+    grad_case t;
+    case_make(&t, c, seed);
+    mha_tensor gr[3], gf[3], gs[3];
+    mha_status s1 = grads(&t, MHA_KERNEL_REF, gr, 0);
+    mha_status s2 = grads(&t, MHA_KERNEL_SCALAR, gf, 0);
+    mha_status s3 = grads(&t, MHA_KERNEL_SCALAR, gs, 1);
+    CHECK_STATUS(s1, MHA_OK);
+    CHECK_STATUS(s2, MHA_OK);
+    CHECK_STATUS(s3, MHA_OK);
+    if (s1 == MHA_OK && s2 == MHA_OK && s3 == MHA_OK) {
+        double efd = fd_error(&t, gr);
+        double efl = fmax(rel3(gf, gr), rel3(gs, gr));
+        worst_fd = fmax(worst_fd, efd);
+        worst_flash = fmax(worst_flash, efl);
+        configs_checked++;
+        if (!(efd <= 2e-3) || !(efl <= 1e-4))
+            test_fail(__FILE__, __LINE__,
+                      "config B%lld Hq%lld Hkv%lld L%lld S%lld d%lld dv%lld causal%d off%lld "
+                      "mask%d kpm%d drop%d scale%d cap%d dead%d: fd err %.3g, flash err %.3g",
+                      (long long)c->B, (long long)c->Hq, (long long)c->Hkv, (long long)c->L,
+                      (long long)c->S, (long long)c->d, (long long)c->dv, (int)c->causal,
+                      (long long)c->offset, c->mask, c->kpm, c->dropout, c->scale, c->softcap,
+                      c->dead_row, efd, efl);
+    }
+    free3(gr), free3(gf), free3(gs);
+    case_free(&t);
+}
+
+/* 64 configurations: odd shapes crossed with every option. */
+TEST(grad_sdpa_finite_differences) {
+    static const int64_t shapes[][7] = {
+        {1, 1, 1, 3, 5, 4, 3},  {2, 2, 1, 5, 3, 3, 5}, {1, 3, 3, 7, 6, 5, 2},
+        {2, 4, 2, 4, 7, 2, 3},  {1, 6, 2, 6, 9, 3, 4}, {3, 2, 2, 2, 4, 6, 1},
+        {1, 2, 1, 9, 5, 4, 4},  {2, 3, 1, 3, 3, 5, 5},
+    };
+    int n = 0;
+    for (int v = 0; v < 8; v++)
+        for (int sh = 0; sh < 8; sh++) {
+            grad_cfg c;
+            memset(&c, 0, sizeof c);
+            const int64_t *s = shapes[sh];
+            c.B = s[0], c.Hq = s[1], c.Hkv = s[2], c.L = s[3], c.S = s[4], c.d = s[5], c.dv = s[6];
+            int k = (v * 8 + sh) % 8;
+            switch (v) {
+            case 0: break;
+            case 1: c.causal = (mha_causal)(1 + k % 3), c.offset = (k % 5) - 2; break;
+            case 2: c.mask = 1 + k % 3; break;
+            case 3: c.kpm = 1 + k % 2, c.mask = k % 4; break;
+            case 4: c.dropout = 1, c.causal = (mha_causal)(k % 3); break;
+            case 5: c.scale = 1, c.softcap = 1, c.mask = k % 3; break;
+            case 6: c.dead_row = 1, c.mask = k % 4 == 0 ? 0 : 1 + k % 3; c.L = c.L < 2 ? 2 : c.L; break;
+            case 7:
+                c.causal = MHA_CAUSAL_BOTTOM_RIGHT, c.mask = 2, c.kpm = 1, c.dropout = 1,
+                c.softcap = k % 2;
+                break;
+            }
+            check_config(&c, (uint64_t)(100 + n));
+            n++;
+        }
+    CHECK(configs_checked == 64);
+    printf("  grad_sdpa: %d configurations, worst finite-difference error %.3g, "
+           "worst fused-vs-reference error %.3g\n",
+           configs_checked, worst_fd, worst_flash);
+}
+
+/* Larger shapes (several tiles and blocks, splits) against the reference and
+ * bit-identical across thread counts. */
+TEST(grad_sdpa_fused_tiles_and_threads) {
+    static const grad_cfg cfgs[] = {
+        {1, 1, 1, 77, 150, 16, 16, MHA_CAUSAL_NONE, 0, 0, 0, 0, 0, 0, 0},
+        {2, 4, 2, 65, 129, 8, 12, MHA_CAUSAL_TOP_LEFT, 0, 0, 1, 0, 0, 0, 0},
+        {1, 2, 1, 100, 70, 32, 8, MHA_CAUSAL_BOTTOM_RIGHT, 0, 2, 0, 1, 0, 0, 0},
+        {3, 3, 3, 33, 200, 5, 7, MHA_CAUSAL_OFFSET, -5, 3, 2, 0, 1, 1, 1},
+        {1, 8, 1, 40, 300, 64, 64, MHA_CAUSAL_NONE, 0, 0, 0, 1, 0, 0, 0},
+    };
+    for (size_t x = 0; x < sizeof cfgs / sizeof *cfgs; x++) {
+        grad_case t;
+        case_make(&t, &cfgs[x], 900 + x);
+        mha_tensor gr[3], g1[3];
+        REQUIRE_OK(grads(&t, MHA_KERNEL_REF, gr, 0));
+        mha_set_num_threads(1);
+        REQUIRE_OK(grads(&t, MHA_KERNEL_SCALAR, g1, 1));
+        double e = rel3(g1, gr);
+        CHECK(e <= 1e-4);
+        if (!(e <= 1e-4))
+            printf("  config %zu: fused vs reference %.3g\n", x, e);
+        const int threads[] = {2, 3, 7};
+        for (int n = 0; n < 3; n++) {
+            mha_tensor gt[3], rt[3];
+            mha_set_num_threads(threads[n]);
+            REQUIRE_OK(grads(&t, MHA_KERNEL_SCALAR, gt, 1));
+            REQUIRE_OK(grads(&t, MHA_KERNEL_REF, rt, 0));
+            for (int y = 0; y < 3; y++) {
+                CHECK(memcmp(gt[y].data, g1[y].data, sizeof(float) * (size_t)numel(&g1[y])) == 0);
+                CHECK(memcmp(rt[y].data, gr[y].data, sizeof(float) * (size_t)numel(&gr[y])) == 0);
+            }
+            free3(gt), free3(rt);
+        }
+        mha_set_num_threads(0);
+        free3(gr), free3(g1);
+        case_free(&t);
+    }
+}
+
+/* The accumulate rule: a second call adds the same gradients again; NULL
+ * gradients are skipped; bad shapes and aliasing are refused. */
+TEST(grad_sdpa_accumulates_and_validates) {
+    grad_cfg c = {2, 2, 1, 5, 6, 4, 3, MHA_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 0, 0, 0};
+    grad_case t;
+    case_make(&t, &c, 77);
+    t.opt.kernel = MHA_KERNEL_SCALAR;
+    mha_tensor g[3];
+    REQUIRE_OK(grads(&t, MHA_KERNEL_SCALAR, g, 0));
+    mha_tensor dq2;
+    REQUIRE_OK(mha_tensor_alloc(&dq2, MHA_F32, 4, t.q.shape));
+    CHECK_STATUS(mha_sdpa_backward(&dq2, NULL, NULL, &t.dout, NULL, NULL, &t.q, &t.k, &t.v,
+                                   &t.opt), MHA_OK);
+    CHECK_STATUS(mha_sdpa_backward(&dq2, NULL, NULL, &t.dout, NULL, NULL, &t.q, &t.k, &t.v,
+                                   &t.opt), MHA_OK);
+    const float *a = g[0].data, *b = dq2.data;
+    bool twice = true;
+    for (int64_t x = 0; x < numel(&dq2); x++)
+        twice = twice && fabsf(b[x] - 2.0f * a[x]) <= 1e-6f * (1.0f + fabsf(a[x]));
+    CHECK(twice);
+    /* errors */
+    CHECK_STATUS(mha_sdpa_backward(&g[1], NULL, NULL, &t.dout, NULL, NULL, &t.q, &t.k, &t.v,
+                                   &t.opt), MHA_ERR_SHAPE);
+    CHECK_ERROR_MENTIONS("dq");
+    CHECK_STATUS(mha_sdpa_backward(&t.q, NULL, NULL, &t.dout, NULL, NULL, &t.q, &t.k, &t.v,
+                                   &t.opt), MHA_ERR_ALIAS);
+    CHECK_STATUS(mha_sdpa_backward(&dq2, NULL, NULL, &t.q, NULL, NULL, &t.q, &t.k, &t.v,
+                                   &t.opt), t.q.shape[3] == t.dout.shape[3] ? MHA_OK
+                                                                             : MHA_ERR_SHAPE);
+    CHECK_STATUS(mha_sdpa_backward(&dq2, NULL, NULL, NULL, NULL, NULL, &t.q, &t.k, &t.v,
+                                   &t.opt), MHA_ERR_NULL);
+    mha_tensor_free(&dq2);
+    free3(g);
+    case_free(&t);
+}

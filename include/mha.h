@@ -632,6 +632,44 @@ MHA_API mha_status mha_mlp_backward(mha_tensor *dx, const mha_mlp_grads *grads,
                                     void *workspace, size_t workspace_bytes);
 
 /* ------------------------------------------------------------------------ */
+/* Training: AdamW and gradient clipping (src/optim.c, docs/training.md)    */
+/* ------------------------------------------------------------------------ */
+
+/* torch.optim.AdamW's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8,
+ * weight_decay 1e-2; max_grad_norm <= 0 turns clipping off. */
+typedef struct mha_adamw_options {
+    double lr, beta1, beta2, eps, weight_decay;
+    double max_grad_norm;       /* clip_grad_norm_ before each step, or <= 0 */
+} mha_adamw_options;
+
+MHA_API void mha_adamw_options_init(mha_adamw_options *opt);
+
+/* The optimiser state: the two moment buffers, ONE allocation of n floats
+ * each (exp_avg m, exp_avg_sq v, PyTorch's names), and the step count.
+ * The caller owns the parameter and gradient blocks (n floats each, one
+ * allocation each, llm.c style), so a step is one flat loop. */
+typedef struct mha_adamw {
+    mha_adamw_options opt;
+    int64_t n;                  /* parameters                              */
+    int64_t step;               /* steps taken (PyTorch's state['step'])    */
+    float *m, *v;               /* (n) each                                */
+} mha_adamw;
+
+/* Allocates zeroed moments for n parameters; release with mha_adamw_release. */
+MHA_API mha_status mha_adamw_init(mha_adamw *a, int64_t n, const mha_adamw_options *opt);
+MHA_API void mha_adamw_release(mha_adamw *a);
+
+/* One step, exactly torch.optim.AdamW (1.13, foreach=False): clips grads in
+ * place when opt.max_grad_norm > 0 (torch.nn.utils.clip_grad_norm_), then
+ * updates params (n) in place.  *grad_norm (may be NULL) receives the
+ * gradient's global 2-norm before clipping. */
+MHA_API mha_status mha_adamw_step(mha_adamw *a, float *params, float *grads, double *grad_norm);
+
+/* clip_grad_norm_ alone: *norm = ||grads||_2 (summed in double); grads *=
+ * max_norm / (norm + 1e-6) when that is < 1 and max_norm > 0. */
+MHA_API mha_status mha_grad_clip_norm(float *grads, int64_t n, double max_norm, double *norm);
+
+/* ------------------------------------------------------------------------ */
 /* Files                                                                     */
 /* ------------------------------------------------------------------------ */
 

@@ -1,0 +1,557 @@
+/* multihead_backward.c - nn.MultiheadAttention backward and the forward
+ * that saves what it needs.
+ *
+ * Letter legend: B batch, L query length, S key length, S' = S plus the
+ * bias_k/bias_v column and the zero-attention column, R = max(L, S'),
+ * E model width, H heads, d = E/H, kdim/vdim the key/value input widths.
+ *
+ * Saved buffer (mha_multihead_saved_size bytes):
+ *   header (16 floats: magic and the dimensions, checked by the backward)
+ *   qkv  (B,R,3E)  the projections, laid out as multihead.c's workspace
+ *                  (so mha_multihead_forward_ws writes them in place)
+ *   attn (B,L,E)   the merged heads, input of out_proj
+ *   lse  (B,H,L)   per-head log-sum-exp of the attention rows
+ *
+ * Backward, for out = attn W_O^T + b_O, attn = SDPA(q, k, v) per head,
+ * q = query W_q^T + b_q (k, v likewise, plus appended rows):
+ *   dW_O += dout^T attn, db_O += sum dout, dattn = dout W_O;
+ *   dq, dk, dv (into dqkv (B,R,3E)) by the SDPA backward per head;
+ *   dbias_k/dbias_v += sum_b of the appended row's dk/dv (the zero row's
+ *   gradient is dropped);
+ *   dW_q += dq^T query, db_q += sum dq, dquery += dq W_q (k, v likewise;
+ *   self-attention adds all three into dquery).
+ * The GEMM loops give each output element to one thread, in a fixed order:
+ * bit-identical for any thread count.
+ *
+ * The problem setup (dimensions, PyTorch-convention masks, the padded mask
+ * when extra key columns exist) mirrors multihead.c's static helpers.
+ */
+#include "internal.h"
+#include "kernels/attention_bwd.h"
+
+#include <math.h>
+#include <string.h>
+
+#define SAVED_MAGIC 0x3176617364656d68ull /* "hmedsav1" */
+#define HEADER_FLOATS 16
+
+typedef struct mh_dims {
+    bool batched, self_attn, packed, bias_kv;
+    int64_t B, L, S, Sx, R, E, H, d, kdim, vdim;
+} mh_dims;
+
+typedef struct saved_header {
+    uint64_t magic;
+    int64_t B, L, S, E, H, Sx;
+} saved_header;
+
+/* ---- dimensions and masks (as multihead.c) ---------------------------------- */
+
+static mha_status seq(const mha_tensor *t, const char *name, bool batched, int64_t *B,
+                      int64_t *N, int64_t *width) {
+    char sb[MHA_SHAPE_BUF];
+    MHA_CHECK(t != NULL, MHA_ERR_NULL, "%s: NULL tensor", name);
+    MHA_CHECK(t->ndim == (batched ? 3 : 2), MHA_ERR_SHAPE, "%s: shape %s, want %s", name,
+              mha_shape_str(t, sb, sizeof sb), batched ? "(B,N,width)" : "(N,width)");
+    MHA_TRY(mha_check_tensor(t, name, t->ndim, MHA_F32));
+    int o = batched ? 1 : 0;
+    *B = batched ? t->shape[0] : 1;
+    *N = t->shape[o];
+    *width = t->shape[o + 1];
+    MHA_CHECK(*width <= 1 || t->stride[o + 1] == 1, MHA_ERR_SHAPE,
+              "%s: must be contiguous in its last dimension", name);
+    return MHA_OK;
+}
+
+static void seq_strides(const mha_tensor *t, bool batched, int64_t *ld, int64_t *bs) {
+    *ld = t->stride[batched ? 1 : 0];
+    *bs = batched ? t->stride[0] : 0;
+}
+
+static mha_status get_dims(mh_dims *m, const mha_tensor *query, const mha_tensor *key,
+                           const mha_tensor *value, const mha_multihead_weights *w,
+                           const mha_multihead_options *opt) {
+    MHA_CHECK(w != NULL, MHA_ERR_NULL, "w: NULL weights");
+    MHA_CHECK(opt != NULL, MHA_ERR_NULL, "opt: NULL options");
+    MHA_CHECK(query != NULL, MHA_ERR_NULL, "query: NULL tensor");
+    memset(m, 0, sizeof *m);
+    m->batched = query->ndim == 3;
+    int64_t Bk, Bv, Sv;
+    MHA_TRY(seq(query, "query", m->batched, &m->B, &m->L, &m->E));
+    MHA_TRY(seq(key, "key", m->batched, &Bk, &m->S, &m->kdim));
+    MHA_TRY(seq(value, "value", m->batched, &Bv, &Sv, &m->vdim));
+    MHA_CHECK(Bk == m->B && Bv == m->B && Sv == m->S, MHA_ERR_SHAPE,
+              "key/value: batch or length does not match");
+    m->H = opt->num_heads;
+    MHA_CHECK(m->H > 0 && m->E > 0 && m->E % m->H == 0, MHA_ERR_SHAPE,
+              "num_heads: %lld does not divide embed_dim %lld", (long long)m->H,
+              (long long)m->E);
+    m->d = m->E / m->H;
+    m->self_attn = mha_tensors_same(query, key) && mha_tensors_same(query, value);
+    m->packed = w->in_proj_weight != NULL;
+    m->bias_kv = w->bias_k != NULL;
+    m->Sx = m->S + (m->bias_kv ? 1 : 0) + (opt->add_zero_attn ? 1 : 0);
+    m->R = m->L > m->Sx ? m->L : m->Sx;
+    return MHA_OK;
+}
+
+/* PyTorch-MHA mask as a (B,H,L,S) view (shapes checked by the forward). */
+static mha_status mask_view(const mh_dims *m, const mha_tensor *t, bool is_kpm, mha_tensor *view) {
+    char sb[MHA_SHAPE_BUF];
+    const char *name = is_kpm ? "key_padding_mask" : "attn_mask";
+    MHA_CHECK(t->dtype == MHA_F32 || t->dtype == MHA_BOOL, MHA_ERR_DTYPE,
+              "%s: must be bool (true = masked) or float32 (added)", name);
+    mha_tensor v = *t;
+    v.ndim = 4;
+    if (is_kpm) {
+        int want = m->batched ? 2 : 1;
+        MHA_CHECK(t->ndim == want && t->shape[want - 1] == m->S &&
+                      (!m->batched || t->shape[0] == m->B),
+                  MHA_ERR_SHAPE, "key_padding_mask: shape %s", mha_shape_str(t, sb, sizeof sb));
+        v.shape[0] = m->B, v.shape[1] = 1, v.shape[2] = 1, v.shape[3] = m->S;
+        v.stride[0] = m->batched ? t->stride[0] : 0;
+        v.stride[1] = v.stride[2] = 0;
+        v.stride[3] = t->stride[want - 1];
+    } else if (t->ndim == 2) {
+        MHA_CHECK(t->shape[0] == m->L && t->shape[1] == m->S, MHA_ERR_SHAPE,
+                  "attn_mask: shape %s, want (L,S)", mha_shape_str(t, sb, sizeof sb));
+        v.shape[0] = 1, v.shape[1] = 1, v.shape[2] = m->L, v.shape[3] = m->S;
+        v.stride[0] = v.stride[1] = 0, v.stride[2] = t->stride[0], v.stride[3] = t->stride[1];
+    } else if (t->ndim == 3) {
+        MHA_CHECK(t->shape[0] == m->B * m->H && t->shape[1] == m->L && t->shape[2] == m->S,
+                  MHA_ERR_SHAPE, "attn_mask: shape %s, want (B*H,L,S)",
+                  mha_shape_str(t, sb, sizeof sb));
+        v.shape[0] = m->B, v.shape[1] = m->H, v.shape[2] = m->L, v.shape[3] = m->S;
+        v.stride[0] = m->H * t->stride[0], v.stride[1] = t->stride[0];
+        v.stride[2] = t->stride[1], v.stride[3] = t->stride[2];
+    } else {
+        return mha_error(MHA_ERR_SHAPE, "attn_mask: shape %s, want (L,S) or (B*H,L,S)",
+                         mha_shape_str(t, sb, sizeof sb));
+    }
+    *view = v;
+    return MHA_OK;
+}
+
+/* The forward's attention problem over the saved qkv/attn; *padded owns a
+ * combined mask when extra key columns meet a mask (free it). */
+static mha_status build_problem(const mh_dims *m, const mha_multihead_options *opt, float *qkv,
+                                float *attn, mha_attn_problem *p, mha_tensor *padded) {
+    memset(p, 0, sizeof *p);
+    memset(padded, 0, sizeof *padded);
+    MHA_TRY(mha_attn_check_common(p, opt->masked_rows, opt->training, opt->dropout_p, opt->seed));
+    mha_tensor attn_view = {0}, kpm_view = {0};
+    if (opt->attn_mask)
+        MHA_TRY(mask_view(m, opt->attn_mask, false, &attn_view));
+    if (opt->key_padding_mask)
+        MHA_TRY(mask_view(m, opt->key_padding_mask, true, &kpm_view));
+    const int64_t E = m->E, E3 = 3 * E;
+    int64_t qshape[4] = {m->B, m->H, m->L, m->d}, kshape[4] = {m->B, m->H, m->Sx, m->d};
+    int64_t strides[4] = {m->R * E3, m->d, E3, 1};
+    p->B = m->B, p->Hq = m->H, p->Hkv = m->H, p->L = m->L, p->S = m->Sx, p->d = m->d;
+    p->dv = m->d;
+    p->scale = (float)(1.0 / sqrt((double)m->d));
+    mha_tensor *views[] = {&p->q, &p->k, &p->v, &p->o};
+    float *bases[] = {qkv, qkv + E, qkv + 2 * E, attn};
+    for (int t = 0; t < 4; t++) {
+        views[t]->data = bases[t];
+        views[t]->dtype = MHA_F32;
+        views[t]->ndim = 4;
+        memcpy(views[t]->shape, t == 0 || t == 3 ? qshape : kshape, sizeof qshape);
+        memcpy(views[t]->stride, strides, sizeof strides);
+    }
+    p->o.stride[0] = m->L * E, p->o.stride[2] = E;
+    if (m->Sx != m->S && (opt->attn_mask || opt->key_padding_mask || opt->causal)) {
+        const mha_tensor *am = opt->attn_mask ? &attn_view : NULL;
+        const mha_tensor *km = opt->key_padding_mask ? &kpm_view : NULL;
+        int64_t shape[4] = {km || (am && am->stride[0]) ? m->B : 1, am && am->stride[1] ? m->H : 1,
+                            m->L, m->Sx};
+        MHA_TRY(mha_tensor_alloc(padded, MHA_F32, 4, shape));
+        float *dst = padded->data;
+        for (int64_t b = 0; b < shape[0]; b++)
+            for (int64_t h = 0; h < shape[1]; h++)
+                for (int64_t i = 0; i < m->L; i++)
+                    for (int64_t j = 0; j < m->S; j++) {
+                        int64_t idx[4] = {b, h, i, j};
+                        float bias = opt->causal && j > i ? -INFINITY : 0.0f;
+                        if (am)
+                            bias += mha_mask_value(am, mha_offset(am, idx), MHA_TRUE_MASKS);
+                        if (km)
+                            bias += mha_mask_value(km, mha_offset(km, idx), MHA_TRUE_MASKS);
+                        dst[((b * shape[1] + h) * m->L + i) * m->Sx + j] = bias;
+                    }
+        p->mask = *padded;
+        for (int i = 0; i < 2; i++)
+            if (padded->shape[i] == 1)
+                p->mask.stride[i] = 0;
+        p->mask.shape[0] = m->B, p->mask.shape[1] = m->H;
+    } else {
+        if (opt->attn_mask)
+            p->mask = attn_view, p->mask_polarity = MHA_TRUE_MASKS;
+        if (opt->key_padding_mask)
+            p->kpm = kpm_view, p->kpm_polarity = MHA_TRUE_MASKS;
+        if (opt->causal)
+            p->causal = MHA_CAUSAL_TOP_LEFT, p->causal_offset = 0;
+    }
+    for (mha_tensor *v = &p->mask; v; v = v == &p->mask ? &p->kpm : NULL)
+        if (v->data)
+            for (int i = 0; i < 2; i++)
+                if (v->shape[i] == 1)
+                    v->shape[i] = i == 0 ? m->B : m->H;
+    return MHA_OK;
+}
+
+/* ---- sizes ---------------------------------------------------------------------- */
+
+static mha_status saved_floats(int64_t B, int64_t L, int64_t S, int64_t E, int64_t H, int bias_kv,
+                               int add_zero_attn, int64_t *n_qkv, int64_t *n_attn,
+                               int64_t *n_lse) {
+    MHA_CHECK(B >= 0 && L >= 0 && S >= 0 && E >= 0 && H > 0, MHA_ERR_VALUE,
+              "saved: negative size or H <= 0 (B %lld L %lld S %lld E %lld H %lld)",
+              (long long)B, (long long)L, (long long)S, (long long)E, (long long)H);
+    int64_t Sx = S + (bias_kv ? 1 : 0) + (add_zero_attn ? 1 : 0), R = L > Sx ? L : Sx;
+    MHA_CHECK(mha_product((int64_t[]){B, R, 3, E}, 4, n_qkv) &&
+                  mha_product((int64_t[]){B, L, E}, 3, n_attn) &&
+                  mha_product((int64_t[]){B, H, L}, 3, n_lse),
+              MHA_ERR_OVERFLOW, "saved: size overflows");
+    return MHA_OK;
+}
+
+mha_status mha_multihead_saved_size(int64_t B, int64_t L, int64_t S, int64_t E, int64_t H,
+                                    int bias_kv, int add_zero_attn, size_t *bytes) {
+    MHA_CHECK(bytes != NULL, MHA_ERR_NULL, "bytes: NULL");
+    int64_t a, b, c, total;
+    MHA_TRY(saved_floats(B, L, S, E, H, bias_kv, add_zero_attn, &a, &b, &c));
+    MHA_CHECK(!__builtin_add_overflow(a, b, &total) && !__builtin_add_overflow(total, c, &total) &&
+                  !__builtin_add_overflow(total, (int64_t)HEADER_FLOATS, &total) &&
+                  !mha_size_mul_overflows((size_t)total, sizeof(float), bytes),
+              MHA_ERR_OVERFLOW, "saved: size overflows");
+    return MHA_OK;
+}
+
+mha_status mha_multihead_backward_workspace_size(int64_t B, int64_t L, int64_t S, int64_t E,
+                                                 int64_t H, int bias_kv, int add_zero_attn,
+                                                 size_t *bytes) {
+    MHA_CHECK(bytes != NULL, MHA_ERR_NULL, "bytes: NULL");
+    int64_t a, b, c, total;
+    MHA_TRY(saved_floats(B, L, S, E, H, bias_kv, add_zero_attn, &a, &b, &c));
+    MHA_CHECK(!__builtin_add_overflow(a, b, &total) &&
+                  !mha_size_mul_overflows((size_t)total, sizeof(float), bytes),
+              MHA_ERR_OVERFLOW, "workspace: size overflows");
+    return MHA_OK;
+}
+
+/* ---- forward that saves ------------------------------------------------------ */
+
+mha_status mha_multihead_forward_train(mha_tensor *out, void *saved, size_t saved_bytes,
+                                       const mha_tensor *query, const mha_tensor *key,
+                                       const mha_tensor *value, const mha_multihead_weights *w,
+                                       const mha_multihead_options *opt) {
+    mh_dims m;
+    MHA_TRY(get_dims(&m, query, key, value, w, opt));
+    MHA_CHECK(saved != NULL, MHA_ERR_NULL, "saved: NULL buffer");
+    MHA_CHECK(((uintptr_t)saved % sizeof(float)) == 0, MHA_ERR_VALUE,
+              "saved: buffer is not float-aligned");
+    MHA_CHECK(!opt->weights || !opt->average_weights, MHA_ERR_UNSUPPORTED,
+              "weights: averaged attention weights are not served with a saved state "
+              "(ask for per-head weights, or call mha_multihead_forward)");
+    size_t need;
+    int64_t n_qkv, n_attn, n_lse;
+    MHA_TRY(mha_multihead_saved_size(m.B, m.L, m.S, m.E, m.H, m.bias_kv, opt->add_zero_attn,
+                                     &need));
+    MHA_TRY(saved_floats(m.B, m.L, m.S, m.E, m.H, m.bias_kv, opt->add_zero_attn, &n_qkv, &n_attn,
+                         &n_lse));
+    MHA_CHECK(saved_bytes >= need, MHA_ERR_VALUE, "saved: %zu bytes, need %zu", saved_bytes,
+              need);
+    float *base = saved;
+    float *qkv = base + HEADER_FLOATS, *attn = qkv + n_qkv, *lse = attn + n_attn;
+    MHA_TRY(mha_multihead_forward_ws(out, query, key, value, w, opt, qkv, n_qkv + n_attn));
+
+    saved_header hdr = {SAVED_MAGIC, m.B, m.L, m.S, m.E, m.H, m.Sx};
+    memcpy(base, &hdr, sizeof hdr);
+    if (m.B == 0 || m.L == 0)
+        return MHA_OK;
+    /* the log-sum-exp of each attention row (the fused forward does not
+     * return it yet: one more pass over the scores) */
+    mha_attn_problem p;
+    mha_tensor padded;
+    MHA_TRY(build_problem(&m, opt, qkv, attn, &p, &padded));
+    mha_attn_grad g;
+    memset(&g, 0, sizeof g);
+    mha_status st = mha_attn_row_stats(&p, &g, lse, NULL);
+    mha_tensor_free(&padded);
+    return st;
+}
+
+/* ---- GEMM loops (each output element owned by one thread, fixed order) ------ */
+
+/* C (M,N) += sum_b sum_i A_b[i][0..M) ^T B_b[i][0..N): rows = rows per batch. */
+static void gemm_tn(float *C, int64_t ldc, int64_t M, int64_t N, const float *A, int64_t lda,
+                    int64_t bsa, const float *Bm, int64_t ldb, int64_t bsb, int64_t batches,
+                    int64_t rows, float *tmp_rows) {
+    (void)tmp_rows;
+#pragma omp parallel for num_threads(mha_threads()) schedule(static)
+    for (int64_t mm = 0; mm < M; mm++) {
+        float *c = C + mm * ldc;
+        for (int64_t b = 0; b < batches; b++)
+            for (int64_t i = 0; i < rows; i++) {
+                const float a = A[b * bsa + i * lda + mm];
+                if (a == 0.0f)
+                    continue;
+                const float *brow = Bm + b * bsb + i * ldb;
+#pragma omp simd
+                for (int64_t n = 0; n < N; n++)
+                    c[n] += a * brow[n];
+            }
+    }
+}
+
+/* C_b[i][0..N) += A_b[i][0..K) W (K,N) for every batch b and row i. */
+static void gemm_nn(float *C, int64_t ldc, int64_t bsc, const float *A, int64_t lda, int64_t bsa,
+                    const float *W, int64_t ldw, int64_t K, int64_t N, int64_t batches,
+                    int64_t rows) {
+    const int64_t total = batches * rows;
+#pragma omp parallel for num_threads(mha_threads()) schedule(static)
+    for (int64_t r = 0; r < total; r++) {
+        const int64_t b = r / rows, i = r % rows;
+        float *c = C + b * bsc + i * ldc;
+        const float *a = A + b * bsa + i * lda;
+        for (int64_t k = 0; k < K; k++) {
+            const float x = a[k];
+            if (x == 0.0f)
+                continue;
+            const float *wr = W + k * ldw;
+#pragma omp simd
+            for (int64_t n = 0; n < N; n++)
+                c[n] += x * wr[n];
+        }
+    }
+}
+
+/* db (N) += sum_b sum_i A_b[i][0..N). */
+static void bias_grad(float *db, int64_t N, const float *A, int64_t lda, int64_t bsa,
+                      int64_t batches, int64_t rows) {
+    for (int64_t b = 0; b < batches; b++)
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t n = 0; n < N; n++)
+                db[n] += A[b * bsa + i * lda + n];
+}
+
+/* ---- backward ---------------------------------------------------------------- */
+
+static mha_status check_grad(const mha_tensor *g, const mha_tensor *like, const char *name) {
+    char s1[MHA_SHAPE_BUF], s2[MHA_SHAPE_BUF];
+    MHA_CHECK(like != NULL, MHA_ERR_VALUE, "%s: gradient given for an absent parameter", name);
+    MHA_TRY(mha_check_tensor(g, name, like->ndim, MHA_F32));
+    for (int i = 0; i < like->ndim; i++)
+        MHA_CHECK(g->shape[i] == like->shape[i], MHA_ERR_SHAPE, "%s: shape %s, want %s", name,
+                  mha_shape_str(g, s1, sizeof s1), mha_shape_str(like, s2, sizeof s2));
+    MHA_CHECK(g->ndim == 0 || g->shape[g->ndim - 1] <= 1 || g->stride[g->ndim - 1] == 1,
+              MHA_ERR_SHAPE, "%s: must be contiguous in its last dimension", name);
+    MHA_TRY(mha_check_writable(g, name));
+    return MHA_OK;
+}
+
+mha_status mha_multihead_backward(mha_tensor *dquery, mha_tensor *dkey, mha_tensor *dvalue,
+                                  const mha_multihead_grads *dw, const mha_tensor *dout,
+                                  const void *saved, size_t saved_bytes, const mha_tensor *query,
+                                  const mha_tensor *key, const mha_tensor *value,
+                                  const mha_multihead_weights *w, const mha_multihead_options *opt,
+                                  void *workspace, size_t workspace_bytes) {
+    mh_dims m;
+    MHA_TRY(get_dims(&m, query, key, value, w, opt));
+    const int64_t E = m.E, E3 = 3 * E;
+    MHA_CHECK(saved != NULL, MHA_ERR_NULL, "saved: NULL buffer");
+    size_t need;
+    int64_t n_qkv, n_attn, n_lse;
+    MHA_TRY(mha_multihead_saved_size(m.B, m.L, m.S, E, m.H, m.bias_kv, opt->add_zero_attn, &need));
+    MHA_TRY(saved_floats(m.B, m.L, m.S, E, m.H, m.bias_kv, opt->add_zero_attn, &n_qkv, &n_attn,
+                         &n_lse));
+    MHA_CHECK(saved_bytes >= need, MHA_ERR_VALUE, "saved: %zu bytes, need %zu", saved_bytes, need);
+    saved_header hdr;
+    memcpy(&hdr, saved, sizeof hdr);
+    MHA_CHECK(hdr.magic == SAVED_MAGIC && hdr.B == m.B && hdr.L == m.L && hdr.S == m.S &&
+                  hdr.E == E && hdr.H == m.H && hdr.Sx == m.Sx,
+              MHA_ERR_VALUE,
+              "saved: not filled by mha_multihead_forward_train for these inputs "
+              "(saved B,L,S,E,H = %lld,%lld,%lld,%lld,%lld)",
+              (long long)hdr.B, (long long)hdr.L, (long long)hdr.S, (long long)hdr.E,
+              (long long)hdr.H);
+    int64_t ob, ol, oe;
+    MHA_TRY(seq(dout, "dout", m.batched, &ob, &ol, &oe));
+    MHA_CHECK(ob == m.B && ol == m.L && oe == E, MHA_ERR_SHAPE,
+              "dout: shape does not match the output (B,L,E) = (%lld,%lld,%lld)", (long long)m.B,
+              (long long)m.L, (long long)E);
+
+    /* gradients of the inputs */
+    if (m.self_attn) {
+        MHA_CHECK((!dkey || (dquery && mha_tensors_same(dkey, dquery))) &&
+                      (!dvalue || (dquery && mha_tensors_same(dvalue, dquery))),
+                  MHA_ERR_VALUE,
+                  "dkey/dvalue: self-attention sends every path into dquery; pass NULL");
+        dkey = dvalue = NULL;
+    }
+    int64_t b_, n_, w_;
+    if (dquery) {
+        MHA_TRY(seq(dquery, "dquery", m.batched, &b_, &n_, &w_));
+        MHA_CHECK(b_ == m.B && n_ == m.L && w_ == E, MHA_ERR_SHAPE, "dquery: shape != query's");
+        MHA_TRY(mha_check_writable(dquery, "dquery"));
+    }
+    if (dkey) {
+        MHA_TRY(seq(dkey, "dkey", m.batched, &b_, &n_, &w_));
+        MHA_CHECK(b_ == m.B && n_ == m.S && w_ == m.kdim, MHA_ERR_SHAPE, "dkey: shape != key's");
+        MHA_TRY(mha_check_writable(dkey, "dkey"));
+    }
+    if (dvalue) {
+        MHA_TRY(seq(dvalue, "dvalue", m.batched, &b_, &n_, &w_));
+        MHA_CHECK(b_ == m.B && n_ == m.S && w_ == m.vdim, MHA_ERR_SHAPE,
+                  "dvalue: shape != value's");
+        MHA_TRY(mha_check_writable(dvalue, "dvalue"));
+    }
+    mha_multihead_grads none;
+    memset(&none, 0, sizeof none);
+    if (!dw)
+        dw = &none;
+    if (dw->in_proj_weight)
+        MHA_TRY(check_grad(dw->in_proj_weight, w->in_proj_weight, "in_proj_weight"));
+    if (dw->q_proj_weight)
+        MHA_TRY(check_grad(dw->q_proj_weight, w->q_proj_weight, "q_proj_weight"));
+    if (dw->k_proj_weight)
+        MHA_TRY(check_grad(dw->k_proj_weight, w->k_proj_weight, "k_proj_weight"));
+    if (dw->v_proj_weight)
+        MHA_TRY(check_grad(dw->v_proj_weight, w->v_proj_weight, "v_proj_weight"));
+    if (dw->in_proj_bias)
+        MHA_TRY(check_grad(dw->in_proj_bias, w->in_proj_bias, "in_proj_bias"));
+    if (dw->out_proj_weight)
+        MHA_TRY(check_grad(dw->out_proj_weight, w->out_proj_weight, "out_proj_weight"));
+    if (dw->out_proj_bias)
+        MHA_TRY(check_grad(dw->out_proj_bias, w->out_proj_bias, "out_proj_bias"));
+    if (dw->bias_k)
+        MHA_TRY(check_grad(dw->bias_k, w->bias_k, "bias_k"));
+    if (dw->bias_v)
+        MHA_TRY(check_grad(dw->bias_v, w->bias_v, "bias_v"));
+    /* outputs must not overlap what the pass reads */
+    mha_tensor *outs[] = {dquery, dkey, dvalue, dw->in_proj_weight, dw->q_proj_weight,
+                          dw->k_proj_weight, dw->v_proj_weight, dw->in_proj_bias,
+                          dw->out_proj_weight, dw->out_proj_bias, dw->bias_k, dw->bias_v};
+    const mha_tensor *ins[] = {query, key, value, dout, w->in_proj_weight, w->q_proj_weight,
+                               w->k_proj_weight, w->v_proj_weight, w->in_proj_bias,
+                               w->out_proj_weight, w->out_proj_bias, w->bias_k, w->bias_v,
+                               opt->attn_mask, opt->key_padding_mask};
+    for (size_t a = 0; a < sizeof outs / sizeof *outs; a++) {
+        if (!outs[a])
+            continue;
+        for (size_t b = 0; b < sizeof ins / sizeof *ins; b++)
+            MHA_CHECK(!mha_tensors_overlap(outs[a], ins[b]), MHA_ERR_ALIAS,
+                      "gradient %zu: overlaps an input", a);
+        for (size_t b = 0; b < a; b++) /* dkey == dvalue is the one allowed sharing */
+            MHA_CHECK(!outs[b] || !mha_tensors_overlap(outs[a], outs[b]) ||
+                          (a == 2 && b == 1 && mha_tensors_same(dkey, dvalue)),
+                      MHA_ERR_ALIAS, "gradient %zu: overlaps gradient %zu", a, b);
+    }
+    if (m.B == 0 || m.L == 0)
+        return MHA_OK;
+
+    /* workspace: dqkv (B,R,3E) | dattn (B,L,E) */
+    size_t ws_need;
+    MHA_TRY(mha_multihead_backward_workspace_size(m.B, m.L, m.S, E, m.H, m.bias_kv,
+                                                  opt->add_zero_attn, &ws_need));
+    float *ws = workspace;
+    if (ws)
+        MHA_CHECK(workspace_bytes >= ws_need, MHA_ERR_VALUE,
+                  "workspace: %zu bytes, need %zu", workspace_bytes, ws_need);
+    else
+        ws = mha_malloc(ws_need);
+    MHA_CHECK(ws != NULL, MHA_ERR_NOMEM, "multihead backward: cannot allocate %zu bytes", ws_need);
+    float *dqkv = ws, *dattn = ws + n_qkv;
+    memset(ws, 0, ws_need);
+
+    float *qkv = (float *)saved + HEADER_FLOATS, *attn = qkv + n_qkv, *lse = attn + n_attn;
+    int64_t ldo, bso;
+    seq_strides(dout, m.batched, &ldo, &bso);
+    const float *dO = dout->data;
+    const float *WO = w->out_proj_weight->data;
+    const int64_t ldWO = w->out_proj_weight->stride[0];
+
+    /* out projection */
+    if (dw->out_proj_weight)
+        gemm_tn(dw->out_proj_weight->data, dw->out_proj_weight->stride[0], E, E, dO, ldo, bso,
+                attn, E, m.L * E, m.B, m.L, NULL);
+    if (dw->out_proj_bias)
+        bias_grad(dw->out_proj_bias->data, E, dO, ldo, bso, m.B, m.L);
+    gemm_nn(dattn, E, m.L * E, dO, ldo, bso, WO, ldWO, E, E, m.B, m.L);
+
+    /* attention */
+    mha_attn_problem p;
+    mha_tensor padded;
+    mha_status st = build_problem(&m, opt, qkv, attn, &p, &padded);
+    if (st != MHA_OK)
+        goto done;
+    mha_attn_grad g;
+    memset(&g, 0, sizeof g);
+    g.dq = p.q, g.dk = p.k, g.dv = p.v;
+    g.dq.data = dqkv, g.dk.data = dqkv + E, g.dv.data = dqkv + 2 * E;
+    g.out = p.o;
+    g.dout = p.o, g.dout.data = dattn;
+    mha_tensor_init(&g.lse, MHA_F32, lse, 3, (int64_t[]){m.B, m.H, m.L});
+    st = mha_attn_bwd_run(&p, &g, opt->kernel);
+    mha_tensor_free(&padded);
+    if (st != MHA_OK)
+        goto done;
+
+    /* appended key rows: bias_k / bias_v (the zero row's gradient is dropped) */
+    if (m.bias_kv)
+        for (int64_t b = 0; b < m.B; b++) {
+            const float *row = dqkv + b * m.R * E3 + m.S * E3;
+            if (dw->bias_k)
+                for (int64_t e = 0; e < E; e++)
+                    ((float *)dw->bias_k->data)[e] += row[E + e];
+            if (dw->bias_v)
+                for (int64_t e = 0; e < E; e++)
+                    ((float *)dw->bias_v->data)[e] += row[2 * E + e];
+        }
+
+    /* input projections: part t = 0 q, 1 k, 2 v */
+    for (int t = 0; t < 3; t++) {
+        const mha_tensor *x = t == 0 ? query : t == 1 ? key : value;
+        mha_tensor *dx = t == 0 ? dquery : t == 1 ? dkey : dvalue;
+        if (m.self_attn)
+            dx = dquery;
+        const int64_t rows = t == 0 ? m.L : m.S, width = t == 0 ? E : t == 1 ? m.kdim : m.vdim;
+        const float *W;
+        int64_t ldW;
+        float *dW = NULL;
+        int64_t lddW = 0;
+        if (m.packed) {
+            ldW = w->in_proj_weight->stride[0];
+            W = (const float *)w->in_proj_weight->data + t * E * ldW;
+            if (dw->in_proj_weight) {
+                lddW = dw->in_proj_weight->stride[0];
+                dW = (float *)dw->in_proj_weight->data + t * E * lddW;
+            }
+        } else {
+            const mha_tensor *wt = t == 0 ? w->q_proj_weight : t == 1 ? w->k_proj_weight
+                                                                      : w->v_proj_weight;
+            mha_tensor *gt = t == 0 ? dw->q_proj_weight : t == 1 ? dw->k_proj_weight
+                                                                 : dw->v_proj_weight;
+            W = wt->data, ldW = wt->stride[0];
+            if (gt)
+                dW = gt->data, lddW = gt->stride[0];
+        }
+        const float *dpart = dqkv + t * E; /* rows ld 3E, batch stride R*3E */
+        int64_t ldx, bsx;
+        seq_strides(x, m.batched, &ldx, &bsx);
+        if (dW)
+            gemm_tn(dW, lddW, E, width, dpart, E3, m.R * E3, x->data, ldx, bsx, m.B, rows, NULL);
+        if (dw->in_proj_bias)
+            bias_grad((float *)dw->in_proj_bias->data + t * E, E, dpart, E3, m.R * E3, m.B, rows);
+        if (dx) {
+            int64_t lddx, bsdx;
+            seq_strides(dx, m.batched, &lddx, &bsdx);
+            gemm_nn(dx->data, lddx, bsdx, dpart, E3, m.R * E3, W, ldW, E, width, m.B, rows);
+        }
+    }
+done:
+    if (ws != workspace)
+        mha_free(ws);
+    return st;
+}

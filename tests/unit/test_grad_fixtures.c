@@ -1,0 +1,232 @@
+/* test_grad_fixtures.c - attention and MHA gradients against PyTorch autograd.
+ *
+ * Fixtures: tests/fixtures/grad_sdpa and grad_mha (gen_grad_fixtures.py,
+ * float64 autograd in torch 1.13).  Rule (issue 7): per tensor
+ * max|g - ref| <= 1e-4 * max(1, max|ref|).  SDPA runs the reference
+ * backward, the fused backward recomputing everything, and the fused
+ * backward from the forward's saved out and lse; MHA runs
+ * mha_multihead_forward_train + mha_multihead_backward (gradients zeroed,
+ * then accumulated once).
+ */
+#include "fixture.h"
+
+#define GRAD_TOL 1e-4
+#define MAX_CASES 256
+
+static double worst_sdpa, worst_mha;
+
+static size_t count(const mha_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++)
+        n *= t->shape[i];
+    return (size_t)n;
+}
+
+static void compare(const char *case_name, const char *what, const mha_tensor *y,
+                    const mha_tensor *ref, double *worst) {
+    double err = test_rel_err(y->data, ref->data, count(ref));
+    if (err > *worst)
+        *worst = err;
+    if (!(err <= GRAD_TOL))
+        test_fail(__FILE__, __LINE__, "%s: %s error %.3g > %.0e", case_name, what, err, GRAD_TOL);
+}
+
+static const mha_tensor *optional(const fixture *f, const char *file, int want, mha_tensor *t) {
+    if (!fixture_has(f, file))
+        return NULL;
+    if (fixture_load(f, file, want, t) != MHA_OK) {
+        test_fail(__FILE__, __LINE__, "%s/%s: %s", f->dir, file, mha_last_error());
+        return NULL;
+    }
+    return t;
+}
+
+static mha_causal parse_causal(const char *s) {
+    if (!strcmp(s, "top_left"))
+        return MHA_CAUSAL_TOP_LEFT;
+    if (!strcmp(s, "bottom_right"))
+        return MHA_CAUSAL_BOTTOM_RIGHT;
+    if (!strcmp(s, "offset"))
+        return MHA_CAUSAL_OFFSET;
+    return MHA_CAUSAL_NONE;
+}
+
+static void run_sdpa_case(const char *name) {
+    fixture f;
+    if (!fixture_open(&f, "grad_sdpa", name)) {
+        test_fail(__FILE__, __LINE__, "%s: no config.txt", name);
+        return;
+    }
+    enum { Q, K, V, DOUT, MASK, KPM, DQ, DK, DV, N_T };
+    const char *files[N_T] = {"q.npy",  "k.npy",  "v.npy",  "dout.npy", "mask.npy",
+                              "kpm.npy", "dq.npy", "dk.npy", "dv.npy"};
+    mha_tensor t[N_T];
+    memset(t, 0, sizeof t);
+    const mha_tensor *p[N_T];
+    for (int i = 0; i < N_T; i++)
+        p[i] = optional(&f, files[i], (i == MASK || i == KPM) ? -1 : MHA_F32, &t[i]);
+    mha_sdpa_options opt;
+    mha_sdpa_options_init(&opt);
+    opt.causal = parse_causal(fixture_str(&f, "causal"));
+    opt.causal_offset = fixture_int(&f, "offset");
+    opt.mask = p[MASK];
+    opt.mask_polarity = MHA_TRUE_KEEPS;
+    opt.key_padding_mask = p[KPM];
+    opt.key_padding_polarity = MHA_TRUE_MASKS;
+    double scale = atof(fixture_str(&f, "scale")), cap = atof(fixture_str(&f, "softcap"));
+    double drop = atof(fixture_str(&f, "dropout"));
+    if (scale > 0)
+        opt.scale_set = 1, opt.scale = (float)scale;
+    opt.softcap = (float)cap;
+    if (drop > 0)
+        opt.training = 1, opt.dropout_p = (float)drop, opt.seed = (uint64_t)fixture_int(&f, "seed");
+    mha_tensor g[3], out, lse;
+    memset(g, 0, sizeof g);
+    if (!p[Q] || !p[K] || !p[V] || !p[DOUT] || !p[DQ] || !p[DK] || !p[DV]) {
+        test_fail(__FILE__, __LINE__, "%s: missing arrays", name);
+        goto done;
+    }
+    REQUIRE_OK(mha_tensor_alloc(&out, MHA_F32, 4, t[DOUT].shape));
+    REQUIRE_OK(mha_tensor_alloc(&lse, MHA_F32, 3, t[DOUT].shape));
+    for (int run = 0; run < 3; run++) {
+        for (int x = 0; x < 3; x++)
+            REQUIRE_OK(mha_tensor_alloc(&g[x], MHA_F32, 4, t[DQ + x].shape));
+        mha_sdpa_options o = opt;
+        const mha_tensor *so = NULL, *sl = NULL;
+        o.kernel = run == 0 ? MHA_KERNEL_REF : MHA_KERNEL_SCALAR;
+        if (run == 2) {
+            mha_sdpa_options fo = opt;
+            fo.lse = &lse;
+            CHECK_STATUS(mha_sdpa_forward(&out, p[Q], p[K], p[V], &fo), MHA_OK);
+            so = &out, sl = &lse;
+        }
+        mha_status st = mha_sdpa_backward(&g[0], &g[1], &g[2], p[DOUT], so, sl, p[Q], p[K], p[V], &o);
+        if (st != MHA_OK) {
+            test_fail(__FILE__, __LINE__, "%s: %s (%s)", name, mha_status_string(st),
+                      mha_last_error());
+        } else {
+            compare(name, "dq", &g[0], p[DQ], &worst_sdpa);
+            compare(name, "dk", &g[1], p[DK], &worst_sdpa);
+            compare(name, "dv", &g[2], p[DV], &worst_sdpa);
+        }
+        for (int x = 0; x < 3; x++)
+            mha_tensor_free(&g[x]);
+    }
+    mha_tensor_free(&out);
+    mha_tensor_free(&lse);
+done:
+    for (int i = 0; i < N_T; i++)
+        mha_tensor_free(&t[i]);
+}
+
+TEST(grad_parity_sdpa_pytorch) {
+    static char names[MAX_CASES][128];
+    int n = fixture_list("grad_sdpa", names, MAX_CASES);
+    CHECK(n >= 50);
+    worst_sdpa = 0.0;
+    for (int i = 0; i < n; i++)
+        run_sdpa_case(names[i]);
+    printf("  grad parity: SDPA %d cases x 3 backward paths, worst error %.3g\n", n, worst_sdpa);
+}
+
+/* The MHA parameters in mha_multihead_weights order. */
+static const char *const PARAMS[9] = {"in_proj_weight", "q_proj_weight", "k_proj_weight",
+                                      "v_proj_weight",  "in_proj_bias",  "out_proj_weight",
+                                      "out_proj_bias",  "bias_k",        "bias_v"};
+
+static void run_mha_case(const char *name) {
+    fixture f;
+    if (!fixture_open(&f, "grad_mha", name)) {
+        test_fail(__FILE__, __LINE__, "%s: no config.txt", name);
+        return;
+    }
+    /* file names: state_dict '.' -> '_' (out_proj.weight -> out_proj_weight) */
+    mha_tensor wt[9], gref[9], gout[9], io[5], iref[3], din[3];
+    memset(wt, 0, sizeof wt), memset(gref, 0, sizeof gref), memset(gout, 0, sizeof gout);
+    memset(io, 0, sizeof io), memset(iref, 0, sizeof iref), memset(din, 0, sizeof din);
+    const mha_tensor *wp[9];
+    mha_tensor *gp[9];
+    char file[96];
+    for (int i = 0; i < 9; i++) {
+        snprintf(file, sizeof file, "%s.npy", PARAMS[i]);
+        wp[i] = optional(&f, file, MHA_F32, &wt[i]);
+        snprintf(file, sizeof file, "grad_%s.npy", PARAMS[i]);
+        gp[i] = NULL;
+        if (wp[i] && optional(&f, file, MHA_F32, &gref[i]) &&
+            mha_tensor_alloc(&gout[i], MHA_F32, wt[i].ndim, wt[i].shape) == MHA_OK)
+            gp[i] = &gout[i];
+    }
+    const char *ins[5] = {"query.npy", "key.npy", "value.npy", "key_padding_mask.npy",
+                          "attn_mask.npy"};
+    const mha_tensor *ip[5];
+    for (int i = 0; i < 5; i++)
+        ip[i] = optional(&f, ins[i], i >= 3 ? -1 : MHA_F32, &io[i]);
+    const char *grefs[3] = {"grad_query.npy", "grad_key.npy", "grad_value.npy"};
+    const mha_tensor *rp[3];
+    for (int i = 0; i < 3; i++)
+        rp[i] = optional(&f, grefs[i], MHA_F32, &iref[i]);
+    mha_tensor dout;
+    memset(&dout, 0, sizeof dout);
+    bool self = fixture_int(&f, "self_attn") != 0;
+    mha_multihead_weights w = {wp[0], wp[1], wp[2], wp[3], wp[4], wp[5], wp[6], wp[7], wp[8]};
+    mha_multihead_grads dw = {gp[0], gp[1], gp[2], gp[3], gp[4], gp[5], gp[6], gp[7], gp[8]};
+    mha_multihead_options opt;
+    mha_multihead_options_init(&opt);
+    opt.num_heads = fixture_int(&f, "heads");
+    opt.add_zero_attn = (int)fixture_int(&f, "add_zero_attn");
+    opt.key_padding_mask = ip[3];
+    opt.attn_mask = ip[4];
+    opt.causal = (int)fixture_int(&f, "causal");
+    void *saved = NULL;
+    if (!ip[0] || !rp[0] || fixture_load(&f, "dout.npy", MHA_F32, &dout) != MHA_OK) {
+        test_fail(__FILE__, __LINE__, "%s: missing query/grad_query/dout", name);
+        goto done;
+    }
+    const mha_tensor *key = self ? ip[0] : ip[1], *value = self ? ip[0] : ip[2];
+    for (int i = 0; i < 3; i++)
+        if (rp[i])
+            mha_tensor_alloc(&din[i], MHA_F32, iref[i].ndim, iref[i].shape);
+    int batched = io[0].ndim == 3;
+    int64_t B = batched ? io[0].shape[0] : 1, L = io[0].shape[batched], E = io[0].shape[batched + 1];
+    int64_t S = key->shape[batched];
+    size_t bytes;
+    REQUIRE_OK(mha_multihead_saved_size(B, L, S, E, opt.num_heads, wp[7] != NULL,
+                                        opt.add_zero_attn, &bytes));
+    saved = malloc(bytes);
+    mha_tensor out;
+    REQUIRE_OK(mha_tensor_alloc(&out, MHA_F32, dout.ndim, dout.shape));
+    mha_status st = mha_multihead_forward_train(&out, saved, bytes, ip[0], key, value, &w, &opt);
+    if (st == MHA_OK)
+        st = mha_multihead_backward(&din[0], self ? NULL : &din[1], self ? NULL : &din[2], &dw,
+                                    &dout, saved, bytes, ip[0], key, value, &w, &opt, NULL, 0);
+    mha_tensor_free(&out);
+    if (st != MHA_OK) {
+        test_fail(__FILE__, __LINE__, "%s: %s (%s)", name, mha_status_string(st), mha_last_error());
+        goto done;
+    }
+    for (int i = 0; i < 3; i++)
+        if (rp[i])
+            compare(name, grefs[i], &din[i], rp[i], &worst_mha);
+    for (int i = 0; i < 9; i++)
+        if (gp[i])
+            compare(name, PARAMS[i], gp[i], &gref[i], &worst_mha);
+done:
+    free(saved);
+    mha_tensor_free(&dout);
+    for (int i = 0; i < 9; i++)
+        mha_tensor_free(&wt[i]), mha_tensor_free(&gref[i]), mha_tensor_free(&gout[i]);
+    for (int i = 0; i < 5; i++)
+        mha_tensor_free(&io[i]);
+    for (int i = 0; i < 3; i++)
+        mha_tensor_free(&iref[i]), mha_tensor_free(&din[i]);
+}
+
+TEST(grad_parity_multihead_pytorch) {
+    static char names[MAX_CASES][128];
+    int n = fixture_list("grad_mha", names, MAX_CASES);
+    CHECK(n >= 50);
+    worst_mha = 0.0;
+    for (int i = 0; i < n; i++)
+        run_mha_case(names[i]);
+    printf("  grad parity: nn.MultiheadAttention %d cases, worst error %.3g\n", n, worst_mha);
+}

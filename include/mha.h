@@ -190,6 +190,21 @@ typedef enum mha_masked_rows {
     MHA_MASKED_ROWS_NAN = 1   /* output NaN, weights NaN (PyTorch MHA)          */
 } mha_masked_rows;
 
+/* Precision of the softmax.  The fused kernels compute in float32 (a
+ * running max and sum); MHA_SOFTMAX_F64 asks for float64 and is served by
+ * the reference kernel (AUTO picks it; SCALAR/AVX2 refuse it). */
+typedef enum mha_softmax_precision {
+    MHA_SOFTMAX_F32 = 0,
+    MHA_SOFTMAX_F64 = 1
+} mha_softmax_precision;
+
+/* Rotary position embedding conventions (mha_rope_apply). */
+typedef enum mha_rope_mode {
+    MHA_ROPE_NONE = 0,
+    MHA_ROPE_HALF_SPLIT = 1,  /* pairs (c, c + d/2): GPT-NeoX, LLaMA (HF)    */
+    MHA_ROPE_INTERLEAVED = 2  /* pairs (2c, 2c + 1): GPT-J, the RoPE paper   */
+} mha_rope_mode;
+
 typedef struct mha_sdpa_options {
     int scale_set;          /* 0: scale = 1/sqrt(d)                          */
     float scale;            /* used when scale_set; must be finite            */
@@ -220,6 +235,47 @@ typedef struct mha_sdpa_options {
     mha_tensor *weights;
 
     mha_kernel kernel;      /* default MHA_KERNEL_AUTO                       */
+
+    /* ---- modern attention (docs/onnx.md); init's defaults switch all off.
+     * Per score, in this order: s = q.k * scale; softcap; + masks, causal,
+     * window, key lengths, ALiBi (a masked key is -inf); softmax with the
+     * sink; weights; out.  The query row i sits at position p = i + o_b,
+     * o_b the causal alignment's offset of batch b (TOP_LEFT 0, BOTTOM_RIGHT
+     * S_b - L, OFFSET causal_offset or causal_offsets[b]); with causal NONE
+     * the window still uses o_b = causal_offsets[b] or causal_offset. */
+    float softcap;          /* > 0: s = softcap*tanh(s/softcap); 0 = off     */
+    int64_t window_left;    /* keys j >= p - window_left; -1 = unbounded     */
+    int64_t window_right;   /* keys j <= p + window_right; -1 = unbounded    */
+    /* (B) MHA_I64 or NULL: per-batch offset o_b (causal and window). */
+    const mha_tensor *causal_offsets;
+    /* (B) MHA_I64 or NULL: valid keys per batch S_b; keys j >= S_b are
+     * masked (an external static cache, ONNX nonpad_kv_seqlen).  With
+     * MHA_CAUSAL_BOTTOM_RIGHT, o_b = S_b - L. */
+    const mha_tensor *kv_lengths;
+    /* (Hq) MHA_F32 or NULL: ALiBi slopes, bias -slope_h * |i + S_b - L - j|
+     * (FlashAttention's convention, bottom-right aligned). */
+    const mha_tensor *alibi_slopes;
+    /* (Hq) MHA_F32 or NULL: attention sinks, a per-head logit joining the
+     * softmax denominator (no value row): out = sum_j e^{s_j} v_j /
+     * (e^{sink_h} + sum_j e^{s_j}) (gpt-oss, ggml). */
+    const mha_tensor *sinks;
+    /* Optional output (B,Hq,L): log-sum-exp of each row's scores after
+     * masking, sink included; -inf for a fully masked row. */
+    mha_tensor *lse;
+    /* Optional output (B,Hq,L,S), ONNX qk_matmul_output: qk_mode 0 the
+     * scaled q.k, 1 after softcap, 2 after softcap and masks (-inf where
+     * masked), 3 the softmax weights (as `weights`). */
+    mha_tensor *qk_out;
+    int qk_mode;
+    mha_softmax_precision softmax_precision; /* default MHA_SOFTMAX_F32      */
+    /* ONNX's convention: q and k are each multiplied by sqrt(scale) (rounded
+     * to float) before the product, instead of the product by scale: the
+     * scores differ in the last bits. */
+    int onnx_scale;
+    /* Rotary embeddings of q and k before the product (mha_rope_apply):
+     * key j at position j, query row i at p = i + o_b. */
+    mha_rope_mode rope;     /* default MHA_ROPE_NONE                         */
+    float rope_base;        /* 0 = 10000                                     */
 } mha_sdpa_options;
 
 /* Defaults: scale 1/sqrt(d), no mask, no causal, zeros for masked rows. */
@@ -233,6 +289,112 @@ MHA_API void mha_sdpa_options_init(mha_sdpa_options *opt);
 MHA_API mha_status mha_sdpa_forward(mha_tensor *out, const mha_tensor *q,
                                     const mha_tensor *k, const mha_tensor *v,
                                     const mha_sdpa_options *opt);
+
+/* ------------------------------------------------------------------------ */
+/* Modern attention: the ONNX operator, KV caches, decode, merge, RoPE      */
+/* (src/onnx_attention.c, src/kv_cache.c, src/rope.c; docs/onnx.md)         */
+/* ------------------------------------------------------------------------ */
+
+/* x (B,H,L,d) rotated in place: the pair (x_a, x_b) of channel c < d/2 at
+ * position t = pos_offset + i becomes (x_a cos - x_b sin, x_a sin + x_b cos)
+ * with angle t * base^(-2c/d); HALF_SPLIT pairs (c, c + d/2), INTERLEAVED
+ * (2c, 2c + 1).  d even; base > 0 (0 = 10000).  pos_offsets (B) MHA_I64 or
+ * NULL adds a per-batch offset.  Angles in float64, rounded once. */
+MHA_API mha_status mha_rope_apply(mha_tensor *x, int64_t pos_offset,
+                                  const mha_tensor *pos_offsets, float base,
+                                  mha_rope_mode mode);
+
+/* The ONNX Attention operator (opsets 23-25 as onnx 1.23 defines them). */
+typedef struct mha_onnx_attention_options {
+    int is_causal;
+    int scale_set;              /* 0: scale = 1/sqrt(head_size)             */
+    float scale;
+    int64_t q_num_heads;        /* 3-D inputs only (0 = absent)             */
+    int64_t kv_num_heads;
+    float softcap;              /* <= 0: off                                */
+    int qk_matmul_output_mode;  /* 0..3                                     */
+    int softmax_precision;      /* TensorProto dtype 1, 10, 11, 16; 0 = absent */
+    int64_t left_window_size;   /* -1 = unbounded (default)                 */
+    int64_t right_window_size;
+    mha_kernel kernel;
+} mha_onnx_attention_options;
+
+MHA_API void mha_onnx_attention_options_init(mha_onnx_attention_options *opt);
+
+/* Output shapes of mha_onnx_attention for these inputs (NULL = absent):
+ * y (B,Hq,L,dv) or (B,L,Hq*dv) (ndim 3), present_key (B,Hkv,T,d),
+ * present_value (B,Hkv,T,dv), qk (B,Hq,L,T), T = past + kv length.  Runs
+ * every check mha_onnx_attention runs on shapes and options. */
+typedef struct mha_onnx_attention_shapes {
+    int y_ndim;
+    int64_t y[4], present_key[4], present_value[4], qk[4];
+} mha_onnx_attention_shapes;
+
+MHA_API mha_status mha_onnx_attention_shapes_get(mha_onnx_attention_shapes *s,
+                                                 const mha_tensor *q, const mha_tensor *k,
+                                                 const mha_tensor *v, const mha_tensor *attn_mask,
+                                                 const mha_tensor *past_key,
+                                                 const mha_tensor *past_value,
+                                                 const mha_tensor *nonpad_kv_seqlen,
+                                                 const mha_onnx_attention_options *opt);
+
+/* Y = Attention(Q, K, V, attn_mask?, past_key?, past_value?, nonpad_kv_seqlen?)
+ *   q (B,Hq,L,d) k (B,Hkv,S,d) v (B,Hkv,S,dv), or 3-D (B,L,Hq*d) (B,S,Hkv*d)
+ *   (B,S,Hkv*dv) with q_num_heads/kv_num_heads; past_key (B,Hkv,P,d) and
+ *   past_value (B,Hkv,P,dv) together; nonpad_kv_seqlen (B) MHA_I64, not with
+ *   past.  attn_mask MHA_BOOL (true = attend), MHA_F32 or MHA_I64 (added),
+ *   broadcast right-aligned to (B,Hq,L,T); a last dim shorter than T is
+ *   padded with -inf.  Causal offset: P with past, nonpad[b] - L with
+ *   nonpad, else 0; the window uses the same offset.  Outputs (float32,
+ *   shapes from mha_onnx_attention_shapes_get): y required; present_key,
+ *   present_value, qk_matmul_output optional (NULL). */
+MHA_API mha_status mha_onnx_attention(mha_tensor *y, mha_tensor *present_key,
+                                      mha_tensor *present_value, mha_tensor *qk_matmul_output,
+                                      const mha_tensor *q, const mha_tensor *k,
+                                      const mha_tensor *v, const mha_tensor *attn_mask,
+                                      const mha_tensor *past_key, const mha_tensor *past_value,
+                                      const mha_tensor *nonpad_kv_seqlen,
+                                      const mha_onnx_attention_options *opt);
+
+/* A KV cache for autoregressive decoding: per batch row, up to `capacity`
+ * keys (B,Hkv,capacity,d) and values (B,Hkv,capacity,dv), allocated once.
+ * window > 0 keeps only the last `window` keys (sliding-window attention:
+ * the current key and window-1 before it; ONNX left = window-1, right = 0)
+ * in a ring of min(capacity, window) slots; window = 0 keeps everything and
+ * append past capacity is MHA_ERR_VALUE. */
+typedef struct mha_kv_cache mha_kv_cache;
+
+MHA_API mha_status mha_kv_cache_create(mha_kv_cache **cache, int64_t B, int64_t Hkv,
+                                       int64_t capacity, int64_t d, int64_t dv, int64_t window);
+MHA_API void mha_kv_cache_free(mha_kv_cache *cache);
+/* Appends n new steps: k (B,Hkv,n,d), v (B,Hkv,n,dv). */
+MHA_API mha_status mha_kv_cache_append(mha_kv_cache *cache, const mha_tensor *k,
+                                       const mha_tensor *v);
+/* Forgets every key (length 0); keeps the memory. */
+MHA_API void mha_kv_cache_reset(mha_kv_cache *cache);
+/* Tokens appended since create/reset (positions), and keys held now. */
+MHA_API int64_t mha_kv_cache_position(const mha_kv_cache *cache);
+MHA_API int64_t mha_kv_cache_length(const mha_kv_cache *cache);
+
+/* One decode step: out (B,Hq,1,dv) = attention of q (B,Hq,1,d) over every
+ * key in the cache (the new token's key must already be appended), equal to
+ * the last row of a causal forward over the whole sequence.  Uses scale,
+ * softcap, alibi_slopes, sinks, lse, rope (q at position = cache position
+ * - 1; keys must have been rotated before append), kernel and
+ * softmax_precision of opt (NULL = defaults); masks, causal and windows
+ * come from the cache.  Hq a multiple of Hkv; K/V are never replicated.
+ * Long caches are split across threads (per-split max, sum and
+ * accumulator, merged by log-sum-exp); bit-identical for any thread count. */
+MHA_API mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q,
+                                        const mha_kv_cache *cache, const mha_sdpa_options *opt);
+
+/* Merges n partial attention results over disjoint key blocks:
+ * out (B,H,L,dv) = sum_p e^{lse_p - lse} out_p, lse = log sum_p e^{lse_p}.
+ * parts_out[p] (B,H,L,dv), parts_lse[p] (B,H,L) (lse -inf: an empty part);
+ * lse_out (B,H,L) or NULL.  A row empty in every part gives 0 and -inf. */
+MHA_API mha_status mha_attention_merge(mha_tensor *out, mha_tensor *lse_out, int64_t n,
+                                       const mha_tensor *const *parts_out,
+                                       const mha_tensor *const *parts_lse);
 
 /* ------------------------------------------------------------------------ */
 /* Multi-head attention, exactly torch.nn.MultiheadAttention(batch_first)   */

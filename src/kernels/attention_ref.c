@@ -26,6 +26,7 @@ static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t 
     const float *v = p->v.data;
     float *o = p->o.data;
     float *w = p->weights.data;
+    float *qk = p->qk.data;
     const int64_t q0 = b * p->q.stride[0] + h * p->q.stride[1] + i * p->q.stride[2];
     const int64_t k0 = b * p->k.stride[0] + hk * p->k.stride[1];
     const int64_t v0 = b * p->v.stride[0] + hk * p->v.stride[1];
@@ -33,22 +34,42 @@ static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t 
     const int64_t w0 = w ? b * p->weights.stride[0] + h * p->weights.stride[1] +
                                i * p->weights.stride[2]
                          : 0;
+    const int64_t qk0 = qk ? b * p->qk.stride[0] + h * p->qk.stride[1] + i * p->qk.stride[2] : 0;
+    float *lse = p->lse.data
+                     ? (float *)p->lse.data + b * p->lse.stride[0] + h * p->lse.stride[1] +
+                           i * p->lse.stride[2]
+                     : NULL;
+    /* modes 0-2 of qk show every score, masked ones included */
+    const bool all_scores = qk && p->qk_mode < 3;
 
     /* scores, with -inf marking masked keys */
     double max = -INFINITY;
     bool any = false, nan = false;
     for (int64_t j = 0; j < p->S; j++) {
         float bias = mha_attn_bias(p, b, h, i, j);
-        if (bias == -INFINITY) {
+        if (bias == -INFINITY && !all_scores) {
             scores[j] = -INFINITY;
             continue;
         }
         double dot = 0.0;
-        for (int64_t c = 0; c < p->d; c++)
-            dot += (double)q[q0 + c * p->q.stride[3]] *
-                   (double)k[k0 + j * p->k.stride[2] + c * p->k.stride[3]];
-        double s = dot * (double)p->scale + (double)bias;
+        if (p->onnx_scale) /* q*sqrt(scale) and k*sqrt(scale), each rounded to float */
+            for (int64_t c = 0; c < p->d; c++)
+                dot += (double)(q[q0 + c * p->q.stride[3]] * p->qk_scale) *
+                       (double)(k[k0 + j * p->k.stride[2] + c * p->k.stride[3]] * p->qk_scale);
+        else
+            for (int64_t c = 0; c < p->d; c++)
+                dot += (double)q[q0 + c * p->q.stride[3]] *
+                       (double)k[k0 + j * p->k.stride[2] + c * p->k.stride[3]];
+        const double raw = p->onnx_scale ? dot : dot * (double)p->scale;
+        const double capped =
+            p->softcap > 0.0f ? (double)p->softcap * tanh(raw / (double)p->softcap) : raw;
+        const double s = bias == -INFINITY ? -INFINITY : capped + (double)bias;
+        if (all_scores)
+            qk[qk0 + j * p->qk.stride[3]] =
+                (float)(p->qk_mode == 0 ? raw : p->qk_mode == 1 ? capped : s);
         scores[j] = s;
+        if (bias == -INFINITY)
+            continue;
         any = true;
         if (isnan(s))
             nan = true;
@@ -62,23 +83,37 @@ static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t 
             o[o0 + c * p->o.stride[3]] = fill;
         for (int64_t j = 0; w && j < p->S; j++)
             w[w0 + j * p->weights.stride[3]] = fill;
+        for (int64_t j = 0; qk && !all_scores && j < p->S; j++)
+            qk[qk0 + j * p->qk.stride[3]] = fill;
+        if (lse)
+            *lse = -INFINITY;
         return;
     }
+    /* the sink joins the denominator (and the max, for range) */
+    const double sink =
+        p->sinks.data ? (double)((const float *)p->sinks.data)[h * p->sinks.stride[0]] : -INFINITY;
     if (nan)
         max = NAN; /* as torch.max: NaN anywhere poisons the row */
+    else if (sink > max)
+        max = sink;
 
-    double sum = 0.0;
+    /* float64 throughout: the reference serves MHA_SOFTMAX_F64 as is */
+    double sum = sink == -INFINITY ? 0.0 : exp(sink - max);
     for (int64_t j = 0; j < p->S; j++) {
         if (scores[j] == -INFINITY)
             continue;
         scores[j] = exp(scores[j] - max);
         sum += scores[j];
     }
+    if (lse)
+        *lse = (float)(max + log(sum));
     const double keep_scale = p->dropout ? 1.0 / (1.0 - (double)p->dropout_p) : 1.0;
     for (int64_t j = 0; j < p->S; j++) {
         if (scores[j] == -INFINITY) { /* masked: weight 0, skipped below */
             if (w)
                 w[w0 + j * p->weights.stride[3]] = 0.0f;
+            if (qk && !all_scores)
+                qk[qk0 + j * p->qk.stride[3]] = 0.0f;
             continue;
         }
         double pj = scores[j] / sum;
@@ -87,6 +122,8 @@ static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t 
         scores[j] = pj;
         if (w)
             w[w0 + j * p->weights.stride[3]] = (float)pj;
+        if (qk && !all_scores)
+            qk[qk0 + j * p->qk.stride[3]] = (float)pj;
     }
     for (int64_t c = 0; c < p->dv; c++) {
         double acc = 0.0;

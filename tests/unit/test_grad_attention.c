@@ -348,3 +348,236 @@ TEST(grad_sdpa_accumulates_and_validates) {
     free3(g);
     case_free(&t);
 }
+
+/* ---- multi-head attention ------------------------------------------------ */
+
+typedef struct mh_cfg {
+    int64_t E, H, B, L, S, kdim, vdim;
+    int batched, self, packed, bias, bias_kv, zero_attn, kpm, mask3, causal, dropout;
+} mh_cfg;
+
+typedef struct mh_case {
+    mh_cfg c;
+    mha_tensor x[3], dout, kpm, mask, wt[9];
+    float *xd[3], *dod, *wd[9];
+    uint8_t kpm_data[512];
+    float *maskd;
+    mha_multihead_weights w;
+    mha_multihead_options opt;
+} mh_case;
+
+static void mh_make(mh_case *t, const mh_cfg *c, uint64_t seed) {
+    memset(t, 0, sizeof *t);
+    t->c = *c;
+    int64_t E = c->E, S = c->self ? c->L : c->S;
+    int64_t widths[3] = {E, c->self ? E : c->kdim, c->self ? E : c->vdim};
+    int64_t lens[3] = {c->L, S, S};
+    for (int i = 0; i < 3; i++) {
+        if (i > 0 && c->self)
+            break;
+        int64_t shape[3] = {c->B, lens[i], widths[i]};
+        t->xd[i] = test_tensor(&t->x[i], c->batched ? 3 : 2, c->batched ? shape : shape + 1,
+                               seed + (uint64_t)i);
+    }
+    int64_t oshape[3] = {c->B, c->L, E};
+    t->dod = test_tensor(&t->dout, c->batched ? 3 : 2, c->batched ? oshape : oshape + 1, seed + 7);
+    const mha_tensor **slots[9] = {&t->w.in_proj_weight, &t->w.q_proj_weight,
+                                   &t->w.k_proj_weight,  &t->w.v_proj_weight,
+                                   &t->w.in_proj_bias,   &t->w.out_proj_weight,
+                                   &t->w.out_proj_bias,  &t->w.bias_k, &t->w.bias_v};
+    int64_t shapes[9][2] = {{3 * E, E}, {E, E}, {E, widths[1]}, {E, widths[2]}, {3 * E, 0},
+                            {E, E},     {E, 0}, {E, 0},         {E, 0}};
+    bool want[9] = {c->packed, !c->packed, !c->packed, !c->packed, c->bias, true, c->bias,
+                    c->bias_kv, c->bias_kv};
+    for (int i = 0; i < 9; i++) {
+        if (!want[i])
+            continue;
+        t->wd[i] = test_tensor(&t->wt[i], shapes[i][1] ? 2 : 1, shapes[i], seed + 10 + i);
+        for (int64_t n = 0; n < numel(&t->wt[i]); n++)
+            t->wd[i][n] *= 0.5f;
+        *slots[i] = &t->wt[i];
+    }
+    mha_multihead_options_init(&t->opt);
+    t->opt.num_heads = c->H;
+    t->opt.add_zero_attn = c->zero_attn;
+    t->opt.causal = c->causal;
+    t->opt.kernel = MHA_KERNEL_REF;
+    if (c->kpm) {
+        for (int64_t n = 0; n < c->B * S; n++)
+            t->kpm_data[n] = (n % S) != 0 && (mix(seed + (uint64_t)n) % 3) == 0;
+        int64_t shape[2] = {c->B, S};
+        mha_tensor_init(&t->kpm, MHA_BOOL, t->kpm_data, c->batched ? 2 : 1,
+                        c->batched ? shape : shape + 1);
+        t->opt.key_padding_mask = &t->kpm;
+    }
+    if (c->mask3) {
+        int64_t shape[3] = {c->B * c->H, c->L, S};
+        t->maskd = test_tensor(&t->mask, 3, shape, seed + 30);
+        t->opt.attn_mask = &t->mask;
+    }
+    if (c->dropout)
+        t->opt.training = 1, t->opt.dropout_p = 0.2f, t->opt.seed = seed * 3 + 1;
+}
+
+static void mh_free(mh_case *t) {
+    for (int i = 0; i < 3; i++)
+        free(t->xd[i]);
+    for (int i = 0; i < 9; i++)
+        free(t->wd[i]);
+    free(t->dod), free(t->maskd);
+}
+
+static const mha_tensor *mh_in(mh_case *t, int i) { return t->c.self ? &t->x[0] : &t->x[i]; }
+
+static double mh_loss(mh_case *t) {
+    mha_tensor y;
+    if (mha_tensor_alloc(&y, MHA_F32, t->dout.ndim, t->dout.shape) != MHA_OK)
+        return NAN;
+    double l = NAN;
+    if (mha_multihead_forward(&y, mh_in(t, 0), mh_in(t, 1), mh_in(t, 2), &t->w, &t->opt) ==
+        MHA_OK) {
+        l = 0.0;
+        for (int64_t n = 0; n < numel(&y); n++)
+            l += (double)((float *)y.data)[n] * (double)t->dod[n];
+    }
+    mha_tensor_free(&y);
+    return l;
+}
+
+/* Analytic gradients: g[0..2] inputs (g[1], g[2] unused for self), gw[9]. */
+static mha_status mh_grads(mh_case *t, mha_kernel kernel, mha_tensor g[3], mha_tensor gw[9]) {
+    memset(g, 0, 3 * sizeof *g);
+    memset(gw, 0, 9 * sizeof *gw);
+    mha_multihead_grads dw;
+    mha_tensor **slots[9] = {&dw.in_proj_weight, &dw.q_proj_weight, &dw.k_proj_weight,
+                             &dw.v_proj_weight,  &dw.in_proj_bias,  &dw.out_proj_weight,
+                             &dw.out_proj_bias,  &dw.bias_k,        &dw.bias_v};
+    for (int i = 0; i < 9; i++) {
+        *slots[i] = NULL;
+        if (t->wd[i] && mha_tensor_alloc(&gw[i], MHA_F32, t->wt[i].ndim, t->wt[i].shape) == MHA_OK)
+            *slots[i] = &gw[i];
+    }
+    for (int i = 0; i < 3; i++)
+        if (mha_tensor_alloc(&g[i], MHA_F32, mh_in(t, i)->ndim, mh_in(t, i)->shape) != MHA_OK)
+            return MHA_ERR_NOMEM;
+    mha_multihead_options o = t->opt;
+    o.kernel = kernel;
+    size_t bytes;
+    int64_t S = mh_in(t, 1)->shape[t->c.batched];
+    mha_status st = mha_multihead_saved_size(t->c.B, t->c.L, S, t->c.E, t->c.H, t->c.bias_kv,
+                                             t->c.zero_attn, &bytes);
+    if (st != MHA_OK)
+        return st;
+    void *saved = malloc(bytes);
+    mha_tensor y;
+    mha_tensor_alloc(&y, MHA_F32, t->dout.ndim, t->dout.shape);
+    st = mha_multihead_forward_train(&y, saved, bytes, mh_in(t, 0), mh_in(t, 1), mh_in(t, 2),
+                                     &t->w, &o);
+    if (st == MHA_OK)
+        st = mha_multihead_backward(&g[0], t->c.self ? NULL : &g[1], t->c.self ? NULL : &g[2], &dw,
+                                    &t->dout, saved, bytes, mh_in(t, 0), mh_in(t, 1), mh_in(t, 2),
+                                    &t->w, &o, NULL, 0);
+    mha_tensor_free(&y);
+    free(saved);
+    return st;
+}
+
+static double mh_fd_error(mh_case *t, mha_tensor g[3], mha_tensor gw[9]) {
+    double worst = 0.0;
+    for (int v = 0; v < 12; v++) {
+        float *data;
+        const float *ga;
+        int64_t n;
+        if (v < 3) {
+            if (v > 0 && t->c.self)
+                continue;
+            data = t->xd[v], ga = g[v].data, n = numel(&t->x[v]);
+        } else {
+            if (!t->wd[v - 3])
+                continue;
+            data = t->wd[v - 3], ga = gw[v - 3].data, n = numel(&t->wt[v - 3]);
+        }
+        double gmax = 0.0, emax = 0.0;
+        for (int64_t x = 0; x < n; x++)
+            gmax = fmax(gmax, fabs(ga[x]));
+        for (int64_t x = 0; x < n; x++) {
+            float keep = data[x];
+            data[x] = keep + 1e-3f;
+            double up = (double)data[x] - keep, lp = mh_loss(t);
+            data[x] = keep - 1e-3f;
+            double dn = (double)keep - data[x], lm = mh_loss(t);
+            data[x] = keep;
+            emax = fmax(emax, fabs((lp - lm) / (up + dn) - ga[x]));
+        }
+        worst = fmax(worst, emax / fmax(1.0, gmax));
+    }
+    return worst;
+}
+
+static const mh_cfg MH_CFGS[] = {
+    /* E  H  B  L  S kd vd  bat self pack bias bkv zero kpm m3 causal drop */
+    {6, 2, 2, 3, 4, 6, 6, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0},
+    {6, 3, 2, 3, 5, 7, 9, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0},
+    {6, 2, 2, 4, 4, 6, 6, 1, 1, 1, 1, 0, 0, 0, 0, 1, 0},
+    {8, 4, 2, 3, 5, 8, 8, 1, 0, 1, 1, 1, 1, 1, 0, 0, 0},
+    {5, 1, 1, 4, 3, 5, 5, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0},
+    {6, 2, 2, 3, 4, 6, 6, 1, 0, 1, 1, 0, 0, 0, 1, 0, 1},
+    {6, 3, 1, 5, 5, 6, 6, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1},
+    {4, 2, 3, 2, 3, 5, 3, 1, 0, 0, 0, 1, 1, 0, 1, 0, 0},
+};
+
+TEST(grad_multihead_finite_differences) {
+    double worst = 0.0;
+    for (size_t x = 0; x < sizeof MH_CFGS / sizeof *MH_CFGS; x++) {
+        mh_case t;
+        mh_make(&t, &MH_CFGS[x], 500 + x);
+        mha_tensor g[3], gw[9], f[3], fw[9];
+        mha_status s1 = mh_grads(&t, MHA_KERNEL_REF, g, gw);
+        mha_status s2 = mh_grads(&t, MHA_KERNEL_SCALAR, f, fw);
+        CHECK_STATUS(s1, MHA_OK);
+        CHECK_STATUS(s2, MHA_OK);
+        if (s1 == MHA_OK && s2 == MHA_OK) {
+            double e = mh_fd_error(&t, g, gw), ef = rel3(f, g);
+            for (int i = 0; i < 9; i++)
+                if (gw[i].data)
+                    ef = fmax(ef, test_rel_err(fw[i].data, gw[i].data, (size_t)numel(&gw[i])));
+            worst = fmax(worst, e);
+            if (!(e <= 2e-3) || !(ef <= 1e-4))
+                test_fail(__FILE__, __LINE__, "mha config %zu: fd error %.3g, fused %.3g", x, e, ef);
+        }
+        free3(g), free3(f);
+        for (int i = 0; i < 9; i++)
+            mha_tensor_free(&gw[i]), mha_tensor_free(&fw[i]);
+        mh_free(&t);
+    }
+    printf("  grad_multihead: %zu configurations, worst finite-difference error %.3g\n",
+           sizeof MH_CFGS / sizeof *MH_CFGS, worst);
+}
+
+TEST(grad_multihead_threads_bit_identical) {
+    mh_cfg c = {16, 4, 3, 37, 41, 16, 16, 1, 0, 1, 1, 1, 0, 1, 1, 0, 1};
+    mh_case t;
+    mh_make(&t, &c, 4242);
+    mha_tensor g1[3], w1[9];
+    mha_set_num_threads(1);
+    REQUIRE_OK(mh_grads(&t, MHA_KERNEL_SCALAR, g1, w1));
+    const int threads[] = {2, 3, 7};
+    for (int n = 0; n < 3; n++) {
+        mha_tensor g[3], w[9];
+        mha_set_num_threads(threads[n]);
+        REQUIRE_OK(mh_grads(&t, MHA_KERNEL_SCALAR, g, w));
+        for (int i = 0; i < 3; i++)
+            CHECK(memcmp(g[i].data, g1[i].data, sizeof(float) * (size_t)numel(&g[i])) == 0);
+        for (int i = 0; i < 9; i++)
+            if (w[i].data)
+                CHECK(memcmp(w[i].data, w1[i].data, sizeof(float) * (size_t)numel(&w[i])) == 0);
+        free3(g);
+        for (int i = 0; i < 9; i++)
+            mha_tensor_free(&w[i]);
+    }
+    mha_set_num_threads(0);
+    free3(g1);
+    for (int i = 0; i < 9; i++)
+        mha_tensor_free(&w1[i]);
+    mh_free(&t);
+}

@@ -14,6 +14,10 @@ int cli_forward(int argc, char **argv);
 int cli_attention(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_viz(int argc, char **argv);
+/* `mha grad` (cli/grad.c); `mha grad --layer ...` goes to cli_grad_layer, a
+ * weak hook in grad.c that the layer backward's command replaces. */
+int cli_grad(int argc, char **argv);
+int cli_grad_layer(int argc, char **argv);
 
 /* Writes the seed example's per-head attention maps (+ average) to svg_path
  * and png_path (either may be NULL; the PNG is skipped with a note when the

@@ -14,6 +14,7 @@ static const struct {
     {"attention", cli_attention, "scaled dot-product attention on .npy inputs"},
     {"bench", cli_bench, "time the attention kernels and MHA, validated first"},
     {"viz", cli_viz, "render attention maps as SVG and PNG"},
+    {"grad", cli_grad, "gradients of nn.MultiheadAttention for an upstream gradient"},
 };
 
 static void usage(FILE *f) {

@@ -793,6 +793,67 @@ MHA_API mha_status mha_mlp_backward(mha_tensor *dx, const mha_mlp_grads *grads,
                                     const mha_mlp_weights *w, mha_activation act,
                                     void *workspace, size_t workspace_bytes);
 
+/* Gradients of the layers, named as their weights (NULL fields skipped). */
+typedef struct mha_encoder_layer_grads {
+    mha_multihead_grads self_attn;
+    mha_tensor *linear1_weight, *linear1_bias, *linear2_weight, *linear2_bias;
+    mha_tensor *norm1_weight, *norm1_bias, *norm2_weight, *norm2_bias;
+} mha_encoder_layer_grads;
+
+typedef struct mha_decoder_layer_grads {
+    mha_multihead_grads self_attn, multihead_attn;
+    mha_tensor *linear1_weight, *linear1_bias, *linear2_weight, *linear2_bias;
+    mha_tensor *norm1_weight, *norm1_bias, *norm2_weight, *norm2_bias;
+    mha_tensor *norm3_weight, *norm3_bias;
+} mha_decoder_layer_grads;
+
+/* THE SAVED STATE of one layer's training forward: a caller buffer
+ * (float-aligned) of mha_layer_saved_size() bytes holding the residual
+ * stream at each sublayer boundary (N,E) x 5 and the attention modules'
+ * saved states.  S = L for the encoder.  `workspace` of the train/backward
+ * calls: mha_layer_train_workspace_size() bytes or NULL (allocated). */
+MHA_API mha_status mha_layer_saved_size(int64_t B, int64_t L, int64_t S, int64_t E, int64_t H,
+                                        size_t *bytes);
+MHA_API mha_status mha_layer_train_workspace_size(int64_t B, int64_t L, int64_t S, int64_t E,
+                                                  int64_t F, int64_t H, size_t *bytes);
+
+/* The forward of mha_encoder_layer_forward / mha_decoder_layer_forward that
+ * also fills `saved`; out must not overlap src/tgt here. */
+MHA_API mha_status mha_encoder_layer_forward_train(mha_tensor *out, void *saved,
+                                                   size_t saved_bytes, const mha_tensor *src,
+                                                   const mha_encoder_layer_weights *w,
+                                                   const mha_layer_masks *masks,
+                                                   const mha_layer_options *opt, void *workspace,
+                                                   size_t workspace_bytes);
+MHA_API mha_status mha_decoder_layer_forward_train(mha_tensor *out, void *saved,
+                                                   size_t saved_bytes, const mha_tensor *tgt,
+                                                   const mha_tensor *memory,
+                                                   const mha_decoder_layer_weights *w,
+                                                   const mha_layer_masks *masks,
+                                                   const mha_layer_options *opt, void *workspace,
+                                                   size_t workspace_bytes);
+
+/* Layer backward: dsrc/dtgt (B,L,E) += dL/dinput, dmemory (B,S,E) +=
+ * dL/dmemory, grads += dL/dweights, from dout (B,L,E) and the saved state of
+ * the forward_train call with the same inputs, weights, masks and options. */
+MHA_API mha_status mha_encoder_layer_backward(mha_tensor *dsrc,
+                                              const mha_encoder_layer_grads *grads,
+                                              const mha_tensor *dout, const void *saved,
+                                              size_t saved_bytes, const mha_tensor *src,
+                                              const mha_encoder_layer_weights *w,
+                                              const mha_layer_masks *masks,
+                                              const mha_layer_options *opt, void *workspace,
+                                              size_t workspace_bytes);
+MHA_API mha_status mha_decoder_layer_backward(mha_tensor *dtgt, mha_tensor *dmemory,
+                                              const mha_decoder_layer_grads *grads,
+                                              const mha_tensor *dout, const void *saved,
+                                              size_t saved_bytes, const mha_tensor *tgt,
+                                              const mha_tensor *memory,
+                                              const mha_decoder_layer_weights *w,
+                                              const mha_layer_masks *masks,
+                                              const mha_layer_options *opt, void *workspace,
+                                              size_t workspace_bytes);
+
 /* ------------------------------------------------------------------------ */
 /* Training: AdamW and gradient clipping (src/optim.c, docs/training.md)    */
 /* ------------------------------------------------------------------------ */

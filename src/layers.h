@@ -120,4 +120,36 @@ void mha_mlp_backward_f32(float *dx, const mha_mlp_raw_grads *g, const float *do
 void mha_mlp_backward_ref(float *dx, const mha_mlp_raw_grads *g, const float *dout,
                           const float *x, int64_t N, const mha_mlp_raw *m, mha_activation act);
 
+/* ---- layer training (transformer.c): the public forward_train/backward
+ * with the layer index of a stack (dropout streams and attention seeds
+ * depend on it, as in the stack's forward); the public calls use 0. */
+mha_status mha_encoder_layer_forward_train_at(mha_tensor *out, void *saved, size_t saved_bytes,
+                                              const mha_tensor *src,
+                                              const mha_encoder_layer_weights *w,
+                                              const mha_layer_masks *masks,
+                                              const mha_layer_options *opt, void *workspace,
+                                              size_t workspace_bytes, int64_t layer);
+mha_status mha_encoder_layer_backward_at(mha_tensor *dsrc, const mha_encoder_layer_grads *grads,
+                                         const mha_tensor *dout, const void *saved,
+                                         size_t saved_bytes, const mha_tensor *src,
+                                         const mha_encoder_layer_weights *w,
+                                         const mha_layer_masks *masks,
+                                         const mha_layer_options *opt, void *workspace,
+                                         size_t workspace_bytes, int64_t layer);
+mha_status mha_decoder_layer_forward_train_at(mha_tensor *out, void *saved, size_t saved_bytes,
+                                              const mha_tensor *tgt, const mha_tensor *memory,
+                                              const mha_decoder_layer_weights *w,
+                                              const mha_layer_masks *masks,
+                                              const mha_layer_options *opt, void *workspace,
+                                              size_t workspace_bytes, int64_t layer);
+mha_status mha_decoder_layer_backward_at(mha_tensor *dtgt, mha_tensor *dmemory,
+                                         const mha_decoder_layer_grads *grads,
+                                         const mha_tensor *dout, const void *saved,
+                                         size_t saved_bytes, const mha_tensor *tgt,
+                                         const mha_tensor *memory,
+                                         const mha_decoder_layer_weights *w,
+                                         const mha_layer_masks *masks,
+                                         const mha_layer_options *opt, void *workspace,
+                                         size_t workspace_bytes, int64_t layer);
+
 #endif /* MHA_LAYERS_H */

@@ -718,8 +718,9 @@ MHA_API mha_status mha_multihead_forward_train(mha_tensor *out, void *saved, siz
                                                const mha_multihead_weights *w,
                                                const mha_multihead_options *opt);
 
-/* Bytes of workspace mha_multihead_backward needs (dqkv (B,R,3E), dattn
- * (B,L,E) and its attention scratch); same dimensions as the saved size. */
+/* Bytes of workspace mha_multihead_backward needs (dqkv (B,R,3E) and dattn
+ * (B,L,E)); same dimensions as the saved size.  The attention backward's
+ * own per-thread scratch is still allocated inside the call. */
 MHA_API mha_status mha_multihead_backward_workspace_size(int64_t B, int64_t L, int64_t S,
                                                          int64_t E, int64_t H, int bias_kv,
                                                          int add_zero_attn, size_t *bytes);

@@ -2,6 +2,8 @@
 # Runs every suite and sums their "N passed, N failed" lines.
 # MHA_BUILD names the build directory (build, build-san, ...).
 B=${MHA_BUILD:-build}
+# LLVM libomp's per-thread bookkeeping is not ours (tests/lsan.supp).
+LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$(pwd)/tests/lsan.supp}; export LSAN_OPTIONS
 total_pass=0; total_fail=0; status=0
 run_suite() {
     name=$1; shift

@@ -151,7 +151,7 @@ static void run_sdpa_case(const char *name) {
     CHECK_STATUS(mha_sdpa_forward(&out, &q, &k, &v, &opt), MHA_OK);
     compare(name, "out (with weights)", out.data, &ref, &worst_sdpa);
     compare(name, "weights", weights.data, &wref, &worst_sdpa);
-done:
+done:;
     mha_tensor *all[] = {&q, &k, &v, &mask, &kpm, &ref, &wref, &out, &weights};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         mha_tensor_free(all[i]);

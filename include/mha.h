@@ -358,10 +358,10 @@ MHA_API mha_status mha_onnx_attention(mha_tensor *y, mha_tensor *present_key,
 
 /* A KV cache for autoregressive decoding: per batch row, up to `capacity`
  * keys (B,Hkv,capacity,d) and values (B,Hkv,capacity,dv), allocated once.
- * window > 0 keeps only the last `window` keys (sliding-window attention:
- * the current key and window-1 before it; ONNX left = window-1, right = 0)
- * in a ring of min(capacity, window) slots; window = 0 keeps everything and
- * append past capacity is MHA_ERR_VALUE. */
+ * window in 1..capacity keeps only the last `window` keys (sliding-window
+ * attention: the current key and window-1 before it; ONNX left = window-1,
+ * right = 0) in a ring of `window` slots, and appends never run out;
+ * window = 0 keeps everything and an append past capacity is MHA_ERR_VALUE. */
 typedef struct mha_kv_cache mha_kv_cache;
 
 MHA_API mha_status mha_kv_cache_create(mha_kv_cache **cache, int64_t B, int64_t Hkv,

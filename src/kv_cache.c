@@ -1,0 +1,457 @@
+/* kv_cache.c - the KV cache of autoregressive decoding, the decode step
+ * (one new query token against every cached key, split across threads) and
+ * the log-sum-exp merge of partial attention results.
+ *
+ * Letter legend: B batch, Hq query heads, Hkv key/value heads, G = Hq/Hkv
+ * query heads per kv head, d head dim of q/k, dv head dim of v, W window,
+ * C keys per split.
+ *
+ * Layout: k (B,Hkv,slots,d), v (B,Hkv,slots,dv), one allocation each.
+ * Without a window slot t holds position t; with a window of W the slots
+ * are a ring and position t lives in slot t mod W.
+ *
+ * Decode: ref: Dao et al., "Flash-Decoding for long-context inference"
+ * (2023): the keys of each (b, kv head) are cut into splits of C keys (C
+ * fixed, not derived from the thread count, so results are bit-identical
+ * for any thread count); a split computes, for the G query heads of its kv
+ * head (K and V read once for the group: GQA never replicates K/V), the
+ * scores, their max m, the sum l of exp(s - m) and acc = sum exp(s - m) v;
+ * the splits are merged in order by
+ *     M = max m_c,  l = sum l_c e^{m_c - M},  out = sum acc_c e^{m_c - M} / l
+ * with the sink as one more term of l.  The reference path (kernel REF or
+ * float64 softmax) runs mha_attn_fwd_f32_ref on the cache in position order.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+struct mha_kv_cache {
+    int64_t B, Hkv, capacity, d, dv, window;
+    int64_t slots;    /* capacity, or W with a window                    */
+    int64_t pos;      /* tokens appended since create/reset              */
+    float *k;         /* (B,Hkv,slots,d)                                  */
+    float *v;         /* (B,Hkv,slots,dv)                                 */
+};
+
+mha_status mha_kv_cache_create(mha_kv_cache **cache, int64_t B, int64_t Hkv, int64_t capacity,
+                               int64_t d, int64_t dv, int64_t window) {
+    MHA_CHECK(cache, MHA_ERR_NULL, "cache: NULL");
+    *cache = NULL;
+    MHA_CHECK(B > 0 && Hkv > 0 && capacity > 0 && d > 0 && dv > 0, MHA_ERR_SHAPE,
+              "kv cache: B %lld, Hkv %lld, capacity %lld, d %lld, dv %lld must be > 0",
+              (long long)B, (long long)Hkv, (long long)capacity, (long long)d, (long long)dv);
+    MHA_CHECK(window >= 0 && window <= capacity, MHA_ERR_VALUE,
+              "window: %lld, want 0 (none) or 1..capacity (%lld)", (long long)window,
+              (long long)capacity);
+    int64_t slots = window > 0 ? window : capacity, nk, nv;
+    MHA_CHECK(mha_product((int64_t[]){B, Hkv, slots, d}, 4, &nk) &&
+                  mha_product((int64_t[]){B, Hkv, slots, dv}, 4, &nv) &&
+                  (uint64_t)nk < SIZE_MAX / sizeof(float) && (uint64_t)nv < SIZE_MAX / sizeof(float),
+              MHA_ERR_OVERFLOW, "kv cache: B*Hkv*slots*d overflows");
+    mha_kv_cache *c = mha_calloc(1, sizeof *c);
+    MHA_CHECK(c, MHA_ERR_NOMEM, "kv cache: cannot allocate the object");
+    c->k = mha_malloc(sizeof(float) * (size_t)nk);
+    c->v = mha_malloc(sizeof(float) * (size_t)nv);
+    if (!c->k || !c->v) {
+        mha_kv_cache_free(c);
+        return mha_error(MHA_ERR_NOMEM, "kv cache: cannot allocate %lld + %lld floats",
+                         (long long)nk, (long long)nv);
+    }
+    c->B = B, c->Hkv = Hkv, c->capacity = capacity, c->d = d, c->dv = dv;
+    c->window = window, c->slots = slots;
+    *cache = c;
+    return MHA_OK;
+}
+
+void mha_kv_cache_free(mha_kv_cache *cache) {
+    if (!cache)
+        return;
+    mha_free(cache->k);
+    mha_free(cache->v);
+    mha_free(cache);
+}
+
+void mha_kv_cache_reset(mha_kv_cache *cache) {
+    if (cache)
+        cache->pos = 0;
+}
+
+int64_t mha_kv_cache_position(const mha_kv_cache *cache) { return cache ? cache->pos : 0; }
+
+int64_t mha_kv_cache_length(const mha_kv_cache *cache) {
+    if (!cache)
+        return 0;
+    return cache->pos < cache->slots ? cache->pos : cache->slots;
+}
+
+mha_status mha_kv_cache_append(mha_kv_cache *c, const mha_tensor *k, const mha_tensor *v) {
+    char s1[MHA_SHAPE_BUF];
+    MHA_CHECK(c, MHA_ERR_NULL, "cache: NULL");
+    MHA_TRY(mha_check_tensor(k, "k", 4, MHA_F32));
+    MHA_TRY(mha_check_tensor(v, "v", 4, MHA_F32));
+    const int64_t n = k->shape[2];
+    MHA_CHECK(k->shape[0] == c->B && k->shape[1] == c->Hkv && k->shape[3] == c->d, MHA_ERR_SHAPE,
+              "k: shape %s, want (%lld,%lld,n,%lld)", mha_shape_str(k, s1, sizeof s1),
+              (long long)c->B, (long long)c->Hkv, (long long)c->d);
+    MHA_CHECK(v->shape[0] == c->B && v->shape[1] == c->Hkv && v->shape[2] == n &&
+                  v->shape[3] == c->dv,
+              MHA_ERR_SHAPE, "v: shape %s, want (%lld,%lld,%lld,%lld)",
+              mha_shape_str(v, s1, sizeof s1), (long long)c->B, (long long)c->Hkv, (long long)n,
+              (long long)c->dv);
+    MHA_CHECK(c->window > 0 || n <= c->capacity - c->pos, MHA_ERR_VALUE,
+              "kv cache: appending %lld steps to %lld of capacity %lld", (long long)n,
+              (long long)c->pos, (long long)c->capacity);
+    MHA_CHECK(n <= INT64_MAX - c->pos, MHA_ERR_OVERFLOW, "kv cache: position overflows");
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t slot = (c->pos + t) % c->slots;
+        for (int64_t b = 0; b < c->B; b++)
+            for (int64_t h = 0; h < c->Hkv; h++) {
+                float *kd = c->k + ((b * c->Hkv + h) * c->slots + slot) * c->d;
+                float *vd = c->v + ((b * c->Hkv + h) * c->slots + slot) * c->dv;
+                const float *ks = (const float *)k->data + b * k->stride[0] + h * k->stride[1] +
+                                  t * k->stride[2];
+                const float *vs = (const float *)v->data + b * v->stride[0] + h * v->stride[1] +
+                                  t * v->stride[2];
+                for (int64_t x = 0; x < c->d; x++)
+                    kd[x] = ks[x * k->stride[3]];
+                for (int64_t x = 0; x < c->dv; x++)
+                    vd[x] = vs[x * v->stride[3]];
+            }
+    }
+    c->pos += n;
+    return MHA_OK;
+}
+
+/* ---- merge ------------------------------------------------------------------ */
+
+mha_status mha_attention_merge(mha_tensor *out, mha_tensor *lse_out, int64_t n,
+                               const mha_tensor *const *parts_out,
+                               const mha_tensor *const *parts_lse) {
+    char s1[MHA_SHAPE_BUF];
+    MHA_TRY(mha_check_tensor(out, "out", 4, MHA_F32));
+    MHA_TRY(mha_check_writable(out, "out"));
+    MHA_CHECK(n >= 1 && parts_out && parts_lse, MHA_ERR_VALUE, "n: %lld parts, want >= 1",
+              (long long)n);
+    const int64_t B = out->shape[0], H = out->shape[1], L = out->shape[2], dv = out->shape[3];
+    if (lse_out) {
+        MHA_TRY(mha_check_tensor(lse_out, "lse_out", 3, MHA_F32));
+        MHA_TRY(mha_check_writable(lse_out, "lse_out"));
+        MHA_CHECK(lse_out->shape[0] == B && lse_out->shape[1] == H && lse_out->shape[2] == L,
+                  MHA_ERR_SHAPE, "lse_out: shape %s, want (%lld,%lld,%lld)",
+                  mha_shape_str(lse_out, s1, sizeof s1), (long long)B, (long long)H,
+                  (long long)L);
+        MHA_CHECK(!mha_tensors_overlap(out, lse_out), MHA_ERR_ALIAS, "lse_out: overlaps out");
+    }
+    for (int64_t p = 0; p < n; p++) {
+        const mha_tensor *o = parts_out[p], *l = parts_lse[p];
+        MHA_TRY(mha_check_tensor(o, "parts_out[p]", 4, MHA_F32));
+        MHA_TRY(mha_check_tensor(l, "parts_lse[p]", 3, MHA_F32));
+        MHA_CHECK(o->shape[0] == B && o->shape[1] == H && o->shape[2] == L && o->shape[3] == dv &&
+                      l->shape[0] == B && l->shape[1] == H && l->shape[2] == L,
+                  MHA_ERR_SHAPE, "parts %lld: shapes %s and lse do not fit out", (long long)p,
+                  mha_shape_str(o, s1, sizeof s1));
+        MHA_CHECK(!mha_tensors_overlap(out, o) && !mha_tensors_overlap(out, l) &&
+                      !mha_tensors_overlap(lse_out, o) && !mha_tensors_overlap(lse_out, l),
+                  MHA_ERR_ALIAS, "out/lse_out: overlap part %lld", (long long)p);
+    }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < L; i++) {
+                double m = -INFINITY;
+                bool nan = false;
+                for (int64_t p = 0; p < n; p++) {
+                    const mha_tensor *l = parts_lse[p];
+                    double x = ((const float *)l->data)[b * l->stride[0] + h * l->stride[1] +
+                                                        i * l->stride[2]];
+                    if (isnan(x))
+                        nan = true;
+                    else if (x > m)
+                        m = x;
+                }
+                float *o = (float *)out->data + b * out->stride[0] + h * out->stride[1] +
+                           i * out->stride[2];
+                double sum = 0.0;
+                for (int64_t c = 0; c < dv; c++)
+                    o[c * out->stride[3]] = 0.0f;
+                if (m == -INFINITY && !nan) { /* empty everywhere */
+                    if (lse_out)
+                        ((float *)lse_out->data)[b * lse_out->stride[0] + h * lse_out->stride[1] +
+                                                 i * lse_out->stride[2]] = -INFINITY;
+                    continue;
+                }
+                if (nan)
+                    m = NAN;
+                for (int64_t p = 0; p < n; p++) {
+                    const mha_tensor *l = parts_lse[p];
+                    double x = ((const float *)l->data)[b * l->stride[0] + h * l->stride[1] +
+                                                        i * l->stride[2]];
+                    sum += x == -INFINITY ? 0.0 : exp(x - m);
+                }
+                for (int64_t c = 0; c < dv; c++) {
+                    double acc = 0.0;
+                    for (int64_t p = 0; p < n; p++) {
+                        const mha_tensor *l = parts_lse[p], *po = parts_out[p];
+                        double x = ((const float *)l->data)[b * l->stride[0] + h * l->stride[1] +
+                                                            i * l->stride[2]];
+                        if (x == -INFINITY)
+                            continue; /* an empty part: its out is not read */
+                        acc += exp(x - m) / sum *
+                               ((const float *)po->data)[b * po->stride[0] + h * po->stride[1] +
+                                                         i * po->stride[2] + c * po->stride[3]];
+                    }
+                    o[c * out->stride[3]] = (float)acc;
+                }
+                if (lse_out)
+                    ((float *)lse_out->data)[b * lse_out->stride[0] + h * lse_out->stride[1] +
+                                             i * lse_out->stride[2]] = (float)(m + log(sum));
+            }
+    return MHA_OK;
+}
+
+/* ---- decode ----------------------------------------------------------------- */
+
+enum { SPLIT_KEYS = 256 }; /* C: keys per split (fixed: thread-count independent) */
+
+/* Position of slot s when the cache holds len keys ending at pos - 1. */
+static int64_t slot_position(const mha_kv_cache *c, int64_t s, int64_t len) {
+    if (c->window == 0)
+        return s;
+    int64_t base = c->pos - len; /* oldest position held */
+    return base + ((s - base % c->slots) % c->slots + c->slots) % c->slots;
+}
+
+typedef struct decode_args {
+    const mha_kv_cache *c;
+    const float *q;          /* (B,Hq,d) contiguous (rotated when RoPE)     */
+    int64_t Hq, G, len, nsplit;
+    float scale;             /* product scale, or 1 with onnx_scale         */
+    bool onnx_scale;
+    float qk_scale;
+    float softcap;
+    const mha_tensor *alibi; /* (Hq) or data NULL */
+    float *part;             /* (B,Hkv,nsplit,G,dv+2): acc, m, l            */
+} decode_args;
+
+/* One split: keys [j0, j1) of (b, kv head hk) for the G query heads. */
+static void decode_split(const decode_args *a, int64_t b, int64_t hk, int64_t sp, float *s) {
+    const mha_kv_cache *c = a->c;
+    const int64_t d = c->d, dv = c->dv, G = a->G;
+    const int64_t j0 = sp * SPLIT_KEYS, j1 = j0 + SPLIT_KEYS < a->len ? j0 + SPLIT_KEYS : a->len;
+    const int64_t n = j1 - j0;
+    const float *kb = c->k + (b * c->Hkv + hk) * c->slots * d;
+    const float *vb = c->v + (b * c->Hkv + hk) * c->slots * dv;
+    float *part = a->part + ((b * c->Hkv + hk) * a->nsplit + sp) * G * (dv + 2);
+    /* scores s (G, n): K read once for the group */
+    for (int64_t j = 0; j < n; j++) {
+        const float *kr = kb + (j0 + j) * d;
+        for (int64_t g = 0; g < G; g++) {
+            const float *qr = a->q + (b * a->Hq + hk * G + g) * d;
+            float dot = 0.0f;
+            if (a->onnx_scale)
+                for (int64_t x = 0; x < d; x++)
+                    dot += (qr[x] * a->qk_scale) * (kr[x] * a->qk_scale);
+            else
+                for (int64_t x = 0; x < d; x++)
+                    dot += qr[x] * kr[x];
+            float sc = mha_attn_softcap(dot * a->scale, a->softcap);
+            if (a->alibi->data) {
+                float slope = ((const float *)a->alibi->data)[(hk * G + g) * a->alibi->stride[0]];
+                int64_t dist = c->pos - 1 - slot_position(c, j0 + j, a->len);
+                sc += -slope * (float)dist;
+            }
+            s[g * n + j] = sc;
+        }
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float *sg = s + g * n, *acc = part + g * (dv + 2);
+        float m = -INFINITY;
+        bool nan = false;
+        for (int64_t j = 0; j < n; j++) {
+            if (isnan(sg[j]))
+                nan = true;
+            else if (sg[j] > m)
+                m = sg[j];
+        }
+        if (nan)
+            m = NAN;
+        float l = 0.0f;
+        for (int64_t j = 0; j < n; j++) {
+            sg[j] = expf(sg[j] - m);
+            l += sg[j];
+        }
+        for (int64_t x = 0; x < dv; x++)
+            acc[x] = 0.0f;
+        for (int64_t j = 0; j < n; j++) { /* V read once per split and head */
+            const float *vr = vb + (j0 + j) * dv;
+            const float pj = sg[j];
+            for (int64_t x = 0; x < dv; x++)
+                acc[x] += pj * vr[x];
+        }
+        acc[dv] = m, acc[dv + 1] = l;
+    }
+}
+
+/* The reference decode: the cache in position order through the reference
+ * kernel (float64). */
+static mha_status decode_ref(mha_tensor *out, const mha_tensor *q, const mha_kv_cache *c,
+                             const mha_sdpa_options *opt, int64_t len) {
+    int64_t nk = c->B * c->Hkv * len * c->d, nv = c->B * c->Hkv * len * c->dv;
+    float *buf = mha_malloc(sizeof(float) * (size_t)(nk + nv > 0 ? nk + nv : 1));
+    MHA_CHECK(buf, MHA_ERR_NOMEM, "decode: cannot allocate %lld floats", (long long)(nk + nv));
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t h = 0; h < c->Hkv; h++)
+            for (int64_t s = 0; s < len; s++) {
+                int64_t j = slot_position(c, s, len) - (c->pos - len);
+                memcpy(buf + ((b * c->Hkv + h) * len + j) * c->d,
+                       c->k + ((b * c->Hkv + h) * c->slots + s) * c->d, sizeof(float) * (size_t)c->d);
+                memcpy(buf + nk + ((b * c->Hkv + h) * len + j) * c->dv,
+                       c->v + ((b * c->Hkv + h) * c->slots + s) * c->dv,
+                       sizeof(float) * (size_t)c->dv);
+            }
+    mha_tensor K, V;
+    mha_tensor_init(&K, MHA_F32, buf, 4, (int64_t[]){c->B, c->Hkv, len, c->d});
+    mha_tensor_init(&V, MHA_F32, buf + nk, 4, (int64_t[]){c->B, c->Hkv, len, c->dv});
+    mha_sdpa_options o = *opt;
+    o.kernel = MHA_KERNEL_REF;
+    o.rope = MHA_ROPE_NONE; /* q is already rotated by the caller */
+    mha_status st = mha_sdpa_forward(out, q, &K, &V, &o);
+    mha_free(buf);
+    return st;
+}
+
+mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q, const mha_kv_cache *c,
+                                const mha_sdpa_options *opt) {
+    char s1[MHA_SHAPE_BUF];
+    mha_sdpa_options defaults;
+    if (!opt) {
+        mha_sdpa_options_init(&defaults);
+        opt = &defaults;
+    }
+    MHA_CHECK(c, MHA_ERR_NULL, "cache: NULL");
+    MHA_TRY(mha_check_tensor(q, "q", 4, MHA_F32));
+    MHA_TRY(mha_check_tensor(out, "out", 4, MHA_F32));
+    const int64_t B = c->B, Hq = q->shape[1], d = c->d, dv = c->dv;
+    MHA_CHECK(q->shape[0] == B && q->shape[2] == 1 && q->shape[3] == d, MHA_ERR_SHAPE,
+              "q: shape %s, want (%lld,Hq,1,%lld)", mha_shape_str(q, s1, sizeof s1), (long long)B,
+              (long long)d);
+    MHA_CHECK(Hq > 0 && Hq % c->Hkv == 0, MHA_ERR_SHAPE,
+              "q: %lld heads are not a multiple of the cache's %lld kv heads", (long long)Hq,
+              (long long)c->Hkv);
+    MHA_CHECK(out->shape[0] == B && out->shape[1] == Hq && out->shape[2] == 1 &&
+                  out->shape[3] == dv,
+              MHA_ERR_SHAPE, "out: shape %s, want (%lld,%lld,1,%lld)",
+              mha_shape_str(out, s1, sizeof s1), (long long)B, (long long)Hq, (long long)dv);
+    MHA_TRY(mha_check_writable(out, "out"));
+    MHA_CHECK(!mha_tensors_overlap(out, q), MHA_ERR_ALIAS, "out: overlaps q");
+    MHA_CHECK(!opt->mask && !opt->key_padding_mask && !opt->weights && !opt->qk_out &&
+                  opt->causal == MHA_CAUSAL_NONE && opt->window_left == -1 &&
+                  opt->window_right == -1 && !opt->kv_lengths && !opt->causal_offsets &&
+                  !(opt->training && opt->dropout_p > 0.0f),
+              MHA_ERR_VALUE,
+              "decode: masks, causal, windows, weights, qk_out and dropout come from the cache "
+              "(leave them at their defaults)");
+    const int64_t len = mha_kv_cache_length(c);
+
+    /* validation of the remaining options through the common checker */
+    mha_attn_problem p;
+    memset(&p, 0, sizeof p);
+    p.B = B, p.Hq = Hq, p.Hkv = c->Hkv, p.L = 1, p.S = len, p.d = d, p.dv = dv;
+    p.q = *q, p.o = *out;
+    if (opt->scale_set) {
+        MHA_CHECK(isfinite(opt->scale), MHA_ERR_VALUE, "scale: %g is not finite", (double)opt->scale);
+        p.scale = opt->scale;
+    } else {
+        p.scale = (float)(1.0 / sqrt((double)d));
+    }
+    mha_sdpa_options o = *opt;
+    o.rope = MHA_ROPE_NONE; /* rotated here, at position pos - 1 */
+    float *unused = NULL;
+    MHA_TRY(mha_attn_check_modern(&p, &o, out, &unused));
+    MHA_CHECK(opt->rope == MHA_ROPE_NONE || d % 2 == 0, MHA_ERR_SHAPE, "rope: d = %lld is odd",
+              (long long)d);
+    MHA_CHECK(opt->rope == MHA_ROPE_NONE || opt->rope == MHA_ROPE_HALF_SPLIT ||
+                  opt->rope == MHA_ROPE_INTERLEAVED,
+              MHA_ERR_VALUE, "rope: unknown mode %d", (int)opt->rope);
+
+    /* q contiguous (B,Hq,d), rotated at position pos - 1 */
+    const int64_t G = Hq / c->Hkv;
+    const int64_t nsplit = (len + SPLIT_KEYS - 1) / SPLIT_KEYS;
+    const int nthreads = mha_threads();
+    const size_t qn = (size_t)(B * Hq * d), pn = (size_t)(B * c->Hkv * nsplit * G * (dv + 2));
+    const size_t sn = (size_t)(G * SPLIT_KEYS) * (size_t)nthreads;
+    float *buf = mha_malloc(sizeof(float) * (qn + pn + sn));
+    MHA_CHECK(buf, MHA_ERR_NOMEM, "decode: cannot allocate %zu floats", qn + pn + sn);
+    mha_tensor qc;
+    mha_tensor_init(&qc, MHA_F32, buf, 4, (int64_t[]){B, Hq, 1, d});
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Hq; h++)
+            for (int64_t x = 0; x < d; x++)
+                buf[(b * Hq + h) * d + x] =
+                    ((const float *)q->data)[b * q->stride[0] + h * q->stride[1] + x * q->stride[3]];
+    mha_status st = MHA_OK;
+    if (opt->rope != MHA_ROPE_NONE)
+        st = mha_rope_apply(&qc, c->pos - 1, NULL, opt->rope_base, opt->rope);
+    mha_kernel kr = mha_kernel_resolve(opt->kernel);
+    if (st == MHA_OK && (kr == MHA_KERNEL_REF || p.softmax_f64 || len == 0)) {
+        st = decode_ref(out, &qc, c, &o, len);
+        mha_free(buf);
+        return st;
+    }
+    if (st != MHA_OK) {
+        mha_free(buf);
+        return st;
+    }
+    decode_args a = {c, buf, Hq, G, len, nsplit, p.onnx_scale ? 1.0f : p.scale, p.onnx_scale,
+                     p.qk_scale, p.softcap, &p.alibi, buf + qn};
+    const int64_t tasks = B * c->Hkv * nsplit;
+    float *scratch = buf + qn + pn;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t t = 0; t < tasks; t++) {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        int64_t sp = t % nsplit, hk = (t / nsplit) % c->Hkv, b = t / (nsplit * c->Hkv);
+        decode_split(&a, b, hk, sp, scratch + (size_t)tid * (size_t)(G * SPLIT_KEYS));
+    }
+    /* merge the splits in order (double), with the sink as one more term */
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Hq; h++) {
+            const int64_t hk = h / G, g = h % G;
+            const float *pb = a.part + ((b * c->Hkv + hk) * nsplit * G + g) * (dv + 2);
+            const int64_t ps = G * (dv + 2); /* stride between splits */
+            double m = p.sinks.data ? ((const float *)p.sinks.data)[h * p.sinks.stride[0]]
+                                    : -INFINITY;
+            bool nan = false;
+            for (int64_t sp = 0; sp < nsplit; sp++) {
+                double x = pb[sp * ps + dv];
+                if (isnan(x))
+                    nan = true;
+                else if (x > m)
+                    m = x;
+            }
+            if (nan)
+                m = NAN;
+            double l = p.sinks.data
+                           ? exp((double)((const float *)p.sinks.data)[h * p.sinks.stride[0]] - m)
+                           : 0.0;
+            for (int64_t sp = 0; sp < nsplit; sp++)
+                l += pb[sp * ps + dv + 1] * exp(pb[sp * ps + dv] - m);
+            float *orow = (float *)out->data + b * out->stride[0] + h * out->stride[1];
+            for (int64_t x = 0; x < dv; x++) {
+                double acc = 0.0;
+                for (int64_t sp = 0; sp < nsplit; sp++)
+                    acc += pb[sp * ps + x] * exp(pb[sp * ps + dv] - m);
+                orow[x * out->stride[3]] = (float)(acc / l);
+            }
+            if (p.lse.data)
+                ((float *)p.lse.data)[b * p.lse.stride[0] + h * p.lse.stride[1]] =
+                    (float)(m + log(l));
+        }
+    mha_free(buf);
+    return MHA_OK;
+}

@@ -893,6 +893,71 @@ MHA_API mha_status mha_adamw_step(mha_adamw *a, float *params, float *grads, dou
  * max_norm / (norm + 1e-6) when that is < 1 and max_norm > 0. */
 MHA_API mha_status mha_grad_clip_norm(float *grads, int64_t n, double max_norm, double *norm);
 
+/* ---- A small Transformer to train (src/model.c, docs/training.md) ------
+ * Token + positional embeddings, `layers` encoder layers (bidirectional, or
+ * causal = a decoder-only stack), a final LayerNorm when norm_first, and a
+ * Linear head to `vocab` logits; loss = mean cross-entropy.  Parameters,
+ * gradients and activations are one allocation each.  Tensor names are the
+ * state_dict of the PyTorch module in docs/training.md (tok_emb.weight,
+ * pos_emb.weight, encoder.layers.N.*, encoder.norm.*, head.weight/bias). */
+typedef struct mha_model_config {
+    int64_t vocab;              /* V tokens                                  */
+    int64_t max_len;            /* positions, T <= max_len                   */
+    int64_t dim, heads, ffn;    /* E, H (divides E), F                       */
+    int64_t layers;             /* >= 1                                      */
+    int causal;                 /* 1: decoder-only (causal self-attention)   */
+    int norm_first;             /* 1: pre-norm + final norm (default)        */
+    mha_activation activation;  /* default GELU                              */
+    float dropout;              /* every dropout of the layers, default 0    */
+    float layer_norm_eps;       /* default 1e-5                              */
+} mha_model_config;
+
+typedef struct mha_model mha_model;
+
+/* Defaults: V 12, max_len 12, E 64, H 4, F 128, 2 layers, pre-norm, GELU. */
+MHA_API void mha_model_config_init(mha_model_config *cfg);
+
+/* A model with PyTorch's initialisers (distributions, not draws) from seed. */
+MHA_API mha_status mha_model_create(mha_model **model, const mha_model_config *cfg,
+                                    uint64_t seed);
+MHA_API void mha_model_free(mha_model *model);
+MHA_API const mha_model_config *mha_model_get_config(const mha_model *model);
+
+/* The parameter and gradient blocks (n floats each, tensor after tensor in
+ * state_dict order) and the i-th tensor's name and views into both. */
+MHA_API int64_t mha_model_num_params(const mha_model *model);
+MHA_API float *mha_model_params(mha_model *model);
+MHA_API float *mha_model_grads(mha_model *model);
+MHA_API int64_t mha_model_num_tensors(const mha_model *model);
+MHA_API mha_status mha_model_tensor(const mha_model *model, int64_t i, const char **name,
+                                    mha_tensor *param, mha_tensor *grad);
+
+/* Forward of tokens (B,T) (values 0..V-1), row-major.  targets (B,T) or
+ * NULL; -1 = ignored.  *loss (may be NULL) = mean cross-entropy over the
+ * targets >= 0.  training != 0 applies the dropouts, whose keep decisions
+ * come from step_seed.  Keeps what the backward needs. */
+MHA_API mha_status mha_model_forward(mha_model *model, const int64_t *tokens,
+                                     const int64_t *targets, int64_t B, int64_t T, int training,
+                                     uint64_t step_seed, float *loss);
+/* Logits (B,T,V) of the last forward, valid until the next forward. */
+MHA_API const float *mha_model_logits(const mha_model *model);
+/* Backward of the last forward's loss: gradients ADDED into the block. */
+MHA_API mha_status mha_model_backward(mha_model *model);
+MHA_API void mha_model_zero_grad(mha_model *model);
+
+/* Checkpoint: the parameters as safetensors under their state_dict names
+ * with "__metadata__" {step, seed, format, the config}; when optim_path is
+ * given, AdamW's state beside it: exp_avg.<name>, exp_avg_sq.<name> and
+ * {step, seed, lr, beta1, beta2, eps, weight_decay, max_grad_norm}. */
+MHA_API mha_status mha_model_save(const mha_model *model, const char *path,
+                                  const char *optim_path, const mha_adamw *opt, int64_t step,
+                                  uint64_t seed);
+/* Rebuilds a model from a checkpoint (and, with optim_path, initialises
+ * *opt, which must not hold an allocation, with the saved moments, step
+ * and options).  *step / *seed (may be NULL) from the metadata. */
+MHA_API mha_status mha_model_load(mha_model **model, const char *path, const char *optim_path,
+                                  mha_adamw *opt, int64_t *step, uint64_t *seed);
+
 /* ------------------------------------------------------------------------ */
 /* Files                                                                     */
 /* ------------------------------------------------------------------------ */

@@ -131,6 +131,29 @@ fuzz:
 	    -artifact_prefix=build-fuzz/ build-fuzz/corpus-$$t tests/corpus/$$t || exit 1; \
 	done
 
+# The CLI's argument-parsing fuzz target (tests/fuzz/fuzz_cli_args.c) drives
+# the real dispatcher: cli/main.c is built once more with main renamed.
+# `make fuzz-cli-args` runs it under libFuzzer (clang, ASan+UBSan).
+CLI_NOMAIN_OBJ := $(filter-out $(BUILD)/cli/main.o,$(CLI_OBJ))
+$(BUILD)/tests/fuzz/cli_main.o: cli/main.c $(wildcard include/*.h cli/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_) -Dmain=mha_cli_main -c $< -o $@
+$(BUILD)/fuzz_cli_args: $(BUILD)/tests/fuzz/fuzz_cli_args.o $(BUILD)/tests/fuzz/cli_main.o \
+                        $(CLI_NOMAIN_OBJ) $(STATIC)
+	$(CC) -o $@ $^ $(LDSAN) $(LDFUZZ) $(LDLIBS_)
+IO_TOOLS += $(BUILD)/fuzz_cli_args
+
+.PHONY: fuzz-cli-args
+fuzz: fuzz-cli-args
+fuzz-cli-args:
+	@mkdir -p build-fuzz/corpus-cli_args
+	$(MAKE) --no-print-directory CC=clang SAN=1 BUILD=build-fuzz/cli LDFUZZ=-fsanitize=fuzzer \
+	    CFLAGS="-fsanitize=fuzzer-no-link -DMHA_LIBFUZZER" build-fuzz/cli/fuzz_cli_args
+	build-fuzz/cli/fuzz_cli_args -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
+	    -malloc_limit_mb=512 -close_fd_mask=3 -dict=$(CURDIR)/tests/fuzz/cli_args.dict \
+	    -artifact_prefix=$(CURDIR)/build-fuzz/ $(CURDIR)/build-fuzz/corpus-cli_args \
+	    $(CURDIR)/tests/corpus/cli_args
+
 deps:
 	@sh tools/deps.sh
 

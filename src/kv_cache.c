@@ -22,6 +22,7 @@
  * float64 softmax) runs mha_attn_fwd_f32_ref on the cache in position order.
  */
 #include "internal.h"
+#include "kernels/attention_decode.h"
 
 #include <string.h>
 
@@ -226,55 +227,42 @@ static int64_t slot_position(const mha_kv_cache *c, int64_t s, int64_t len) {
 
 typedef struct decode_args {
     const mha_kv_cache *c;
-    const float *q;          /* (B,Hq,d) contiguous (rotated when RoPE)     */
+    const mha_decode_isa *isa;
+    const float *q;          /* (B,Hq,d) contiguous, rotated and pre-scaled */
     int64_t Hq, G, len, nsplit;
-    float scale;             /* product scale, or 1 with onnx_scale         */
-    bool onnx_scale;
-    float qk_scale;
     float softcap;
     const mha_tensor *alibi; /* (Hq) or data NULL */
     float *part;             /* (B,Hkv,nsplit,G,dv+2): acc, m, l            */
 } decode_args;
 
-/* One split: keys [j0, j1) of (b, kv head hk) for the G query heads. */
+/* One split: keys [j0, j1) of (b, kv head hk) for the G query heads;
+ * s (G, SPLIT_KEYS) is this thread's scratch. */
 static void decode_split(const decode_args *a, int64_t b, int64_t hk, int64_t sp, float *s) {
     const mha_kv_cache *c = a->c;
     const int64_t d = c->d, dv = c->dv, G = a->G;
     const int64_t j0 = sp * SPLIT_KEYS, j1 = j0 + SPLIT_KEYS < a->len ? j0 + SPLIT_KEYS : a->len;
     const int64_t n = j1 - j0;
-    const float *kb = c->k + (b * c->Hkv + hk) * c->slots * d;
-    const float *vb = c->v + (b * c->Hkv + hk) * c->slots * dv;
+    const float *kb = c->k + ((b * c->Hkv + hk) * c->slots + j0) * d;
+    const float *vb = c->v + ((b * c->Hkv + hk) * c->slots + j0) * dv;
     float *part = a->part + ((b * c->Hkv + hk) * a->nsplit + sp) * G * (dv + 2);
-    /* scores s (G, n): K read once for the group */
-    for (int64_t j = 0; j < n; j++) {
-        const float *kr = kb + (j0 + j) * d;
-        for (int64_t g = 0; g < G; g++) {
-            const float *qr = a->q + (b * a->Hq + hk * G + g) * d;
-            float dot = 0.0f;
-            if (a->onnx_scale)
-                for (int64_t x = 0; x < d; x++)
-                    dot += (qr[x] * a->qk_scale) * (kr[x] * a->qk_scale);
-            else
-                for (int64_t x = 0; x < d; x++)
-                    dot += qr[x] * kr[x];
-            float sc = mha_attn_softcap(dot * a->scale, a->softcap);
-            if (a->alibi->data) {
-                float slope = ((const float *)a->alibi->data)[(hk * G + g) * a->alibi->stride[0]];
-                int64_t dist = c->pos - 1 - slot_position(c, j0 + j, a->len);
-                sc += -slope * (float)dist;
-            }
-            s[g * n + j] = sc;
-        }
-    }
+    /* scores (G, n): each K row read once for the group */
+    a->isa->qk(s, a->q + (b * a->Hq + hk * G) * d, kb, n, G, d);
     for (int64_t g = 0; g < G; g++) {
-        float *sg = s + g * n, *acc = part + g * (dv + 2);
+        float *sg = s + g * n;
+        const float slope =
+            a->alibi->data ? ((const float *)a->alibi->data)[(hk * G + g) * a->alibi->stride[0]]
+                           : 0.0f;
         float m = -INFINITY;
         bool nan = false;
         for (int64_t j = 0; j < n; j++) {
-            if (isnan(sg[j]))
+            float sc = mha_attn_softcap(sg[j], a->softcap);
+            if (slope != 0.0f) /* ALiBi on positions: |pos_q - pos_j| */
+                sc -= slope * (float)(c->pos - 1 - slot_position(c, j0 + j, a->len));
+            sg[j] = sc;
+            if (isnan(sc))
                 nan = true;
-            else if (sg[j] > m)
-                m = sg[j];
+            else if (sc > m)
+                m = sc;
         }
         if (nan)
             m = NAN;
@@ -283,16 +271,16 @@ static void decode_split(const decode_args *a, int64_t b, int64_t hk, int64_t sp
             sg[j] = expf(sg[j] - m);
             l += sg[j];
         }
-        for (int64_t x = 0; x < dv; x++)
-            acc[x] = 0.0f;
-        for (int64_t j = 0; j < n; j++) { /* V read once per split and head */
-            const float *vr = vb + (j0 + j) * dv;
-            const float pj = sg[j];
-            for (int64_t x = 0; x < dv; x++)
-                acc[x] += pj * vr[x];
-        }
-        acc[dv] = m, acc[dv + 1] = l;
+        part[g * (dv + 2) + dv] = m, part[g * (dv + 2) + dv + 1] = l;
     }
+    /* acc (G, dv) += P V: each V row read once for the group */
+    float *acc = s + G * SPLIT_KEYS;
+    for (int64_t x = 0; x < G * dv; x++)
+        acc[x] = 0.0f;
+    a->isa->pv(acc, s, vb, n, G, dv);
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t x = 0; x < dv; x++)
+            part[g * (dv + 2) + x] = acc[g * dv + x];
 }
 
 /* The reference decode: the cache in position order through the reference
@@ -382,7 +370,7 @@ mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q, const mha_
     const int64_t nsplit = (len + SPLIT_KEYS - 1) / SPLIT_KEYS;
     const int nthreads = mha_threads();
     const size_t qn = (size_t)(B * Hq * d), pn = (size_t)(B * c->Hkv * nsplit * G * (dv + 2));
-    const size_t sn = (size_t)(G * SPLIT_KEYS) * (size_t)nthreads;
+    const size_t sn = (size_t)(G * (SPLIT_KEYS + dv)) * (size_t)nthreads;
     float *buf = mha_malloc(sizeof(float) * (qn + pn + sn));
     MHA_CHECK(buf, MHA_ERR_NOMEM, "decode: cannot allocate %zu floats", qn + pn + sn);
     mha_tensor qc;
@@ -405,8 +393,17 @@ mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q, const mha_
         mha_free(buf);
         return st;
     }
-    decode_args a = {c, buf, Hq, G, len, nsplit, p.onnx_scale ? 1.0f : p.scale, p.onnx_scale,
-                     p.qk_scale, p.softcap, &p.alibi, buf + qn};
+    /* q pre-scaled: q*scale, or (q*sqrt(scale))*sqrt(scale) for the ONNX
+     * convention (k is not rescaled: the last bits may differ from the
+     * forward, well inside the tests' 1e-5) */
+    for (size_t x = 0; x < qn; x++)
+        buf[x] = p.onnx_scale ? (buf[x] * p.qk_scale) * p.qk_scale : buf[x] * p.scale;
+    const mha_decode_isa *isa = &mha_decode_isa_scalar;
+    if (kr == MHA_KERNEL_AVX2 && mha_decode_isa_avx2.qk && mha_attn_best_kernel() == MHA_KERNEL_AVX2)
+        isa = &mha_decode_isa_avx2;
+    MHA_CHECK(kr != MHA_KERNEL_AVX2 || isa == &mha_decode_isa_avx2,
+              (mha_free(buf), MHA_ERR_UNSUPPORTED), "kernel: avx2 is not available here");
+    decode_args a = {c, isa, buf, Hq, G, len, nsplit, p.softcap, &p.alibi, buf + qn};
     const int64_t tasks = B * c->Hkv * nsplit;
     float *scratch = buf + qn + pn;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
@@ -416,7 +413,7 @@ mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q, const mha_
         tid = omp_get_thread_num();
 #endif
         int64_t sp = t % nsplit, hk = (t / nsplit) % c->Hkv, b = t / (nsplit * c->Hkv);
-        decode_split(&a, b, hk, sp, scratch + (size_t)tid * (size_t)(G * SPLIT_KEYS));
+        decode_split(&a, b, hk, sp, scratch + (size_t)tid * (size_t)(G * (SPLIT_KEYS + dv)));
     }
     /* merge the splits in order (double), with the sink as one more term */
     for (int64_t b = 0; b < B; b++)

@@ -408,6 +408,10 @@ TEST(modern_decode_splits_long_cache_bit_identical_across_threads) {
     REQUIRE_OK(mha_attention_decode(&O3, &Q, c, &o));
     CHECK(maxdiff(o1, o3, B * HQ * DV) < 1e-5);
     CHECK(maxdiff(lse, lser, B * HQ) < 1e-5);
+    o.kernel = MHA_KERNEL_SCALAR, o.lse = &Lse; /* the portable inner loops */
+    REQUIRE_OK(mha_attention_decode(&O2, &Q, c, &o));
+    CHECK(maxdiff(o2, o3, B * HQ * DV) < 1e-5);
+    CHECK(maxdiff(lse, lser, B * HQ) < 1e-5);
     /* capacity is planned: one more token is refused */
     mha_tensor K1 = t4(k, B, HKV, 1, D), V1 = t4(v, B, HKV, 1, DV);
     CHECK_STATUS(mha_kv_cache_append(c, &K1, &V1), MHA_ERR_VALUE);

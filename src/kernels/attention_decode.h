@@ -1,0 +1,24 @@
+/* attention_decode.h - the inner loops of the decode step (one query token
+ * per head against a block of cached keys), one set per ISA.
+ *
+ * Letter legend: G query heads sharing one kv head, n keys in the block,
+ * d head dim of q/k, dv head dim of v.  Rows are contiguous (the cache's
+ * layout).  Reference: the loops of attention_decode.c; the whole step is
+ * checked against mha_attn_fwd_f32_ref (tests/unit/test_modern.c). */
+#ifndef MHA_ATTENTION_DECODE_H
+#define MHA_ATTENTION_DECODE_H
+
+#include "../internal.h"
+
+typedef struct mha_decode_isa {
+    /* s (G,n) = q (G,d) . k (n,d)^T: each key row read once for the G heads */
+    void (*qk)(float *s, const float *q, const float *k, int64_t n, int64_t G, int64_t d);
+    /* acc (G,dv) += p (G,n) v (n,dv): each value row read once */
+    void (*pv)(float *acc, const float *p, const float *v, int64_t n, int64_t G, int64_t dv);
+} mha_decode_isa;
+
+extern const mha_decode_isa mha_decode_isa_scalar;
+/* NULL members when the build has no AVX2 code; callers check the CPU. */
+extern const mha_decode_isa mha_decode_isa_avx2;
+
+#endif

@@ -18,6 +18,8 @@ int cli_viz(int argc, char **argv);
  * weak hook in grad.c that the layer backward's command replaces. */
 int cli_grad(int argc, char **argv);
 int cli_grad_layer(int argc, char **argv);
+/* `mha train` (cli/train.c). */
+int cli_train(int argc, char **argv);
 
 /* Writes the seed example's per-head attention maps (+ average) to svg_path
  * and png_path (either may be NULL; the PNG is skipped with a note when the

@@ -15,6 +15,7 @@ static const struct {
     {"bench", cli_bench, "time the attention kernels and MHA, validated first"},
     {"viz", cli_viz, "render attention maps as SVG and PNG"},
     {"grad", cli_grad, "gradients of nn.MultiheadAttention for an upstream gradient"},
+    {"train", cli_train, "train a small Transformer on a digit task (AdamW, checkpoints)"},
 };
 
 static void usage(FILE *f) {

@@ -1,0 +1,514 @@
+/* train.c - `mha train`: trains a small Transformer (mha_model) with AdamW
+ * on a built-in task that needs attention, shows progress, reports the
+ * held-out accuracy, writes a checkpoint and the loss curve.
+ *
+ * Tasks (digits 0-9, PAD = 10, sequences of min-len..max-len digits padded
+ * to max-len):
+ *   reverse  output position i holds digit n-1-i of the n-digit input
+ *   sort     output position i holds the i-th smallest input digit
+ * Targets on PAD positions are ignored.  The batch of step s is a pure
+ * function of (seed, s), so a resumed run sees the same data as a straight
+ * one; the held-out set comes from another stream of the same seed.
+ *
+ * This file parses, loops and prints; the model math is src/model.c.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PAD 10
+#define VOCAB 11
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: mha train [--task reverse|sort] [--steps N] [--seed S] [--layers N]\n"
+            "                 [--heads H] [--dim E] [--ffn F] [--batch B] [--lr LR]\n"
+            "                 [--min-len N] [--max-len N] [--causal] [--post-norm]\n"
+            "                 [--dropout P] [--clip C] [--weight-decay W] [--eval N]\n"
+            "                 [--out DIR] [--resume DIR] [--threads N] [--quiet]\n"
+            "\n"
+            "Trains token + position embeddings, N Transformer encoder layers (or a\n"
+            "causal decoder-only stack) and a linear head with AdamW on a digit task,\n"
+            "then prints the exact-token accuracy on a held-out set as 'accuracy: X'.\n"
+            "\n"
+            "  --task reverse|sort   default reverse (output the input backwards)\n"
+            "  --steps N             total optimiser steps (default 600)\n"
+            "  --seed S              parameters, data and dropout (default 1)\n"
+            "  --layers/--heads/--dim/--ffn   model size (default 2 / 4 / 64 / 128)\n"
+            "  --batch B             sequences per step (default 32)\n"
+            "  --lr LR               peak learning rate (default 3e-3; linear warm-up\n"
+            "                        over the first 100 steps, then constant)\n"
+            "  --min-len/--max-len   digits per sequence (default 8 / 12)\n"
+            "  --clip C              clip_grad_norm_ (default 1.0; 0 = off)\n"
+            "  --out DIR             checkpoint DIR/model.safetensors (state_dict names),\n"
+            "                        DIR/optimizer.safetensors, DIR/loss.tsv, DIR/loss.svg,\n"
+            "                        DIR/sample_tokens.npy, DIR/sample_logits.npy\n"
+            "                        (default mha-train)\n"
+            "  --resume DIR          continue the run checkpointed in DIR up to --steps\n"
+            "                        (its model, optimiser, step and seed); writes to --out\n"
+            "  --eval N              held-out sequences (default 1000)\n"
+            "\n"
+            "exit status: 0 ok, 2 bad input, 1 internal failure\n");
+}
+
+/* ---- the task ------------------------------------------------------------------- */
+
+typedef struct task {
+    int sort;
+    int64_t min_len, max_len;
+} task;
+
+static uint64_t mix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* B sequences (B,T) and targets for (seed, stream, index). */
+static void make_batch(const task *t, int64_t *tok, int64_t *tgt, int64_t B, uint64_t seed,
+                       uint64_t stream, uint64_t index) {
+    const int64_t T = t->max_len;
+    uint64_t s = mix64(seed ^ mix64(stream ^ mix64(index)));
+    for (int64_t b = 0; b < B; b++) {
+        int64_t *x = tok + b * T, *y = tgt + b * T;
+        s = mix64(s);
+        int64_t n = t->min_len + (int64_t)(s % (uint64_t)(t->max_len - t->min_len + 1));
+        for (int64_t i = 0; i < T; i++) {
+            s = mix64(s);
+            x[i] = i < n ? (int64_t)(s % 10) : PAD;
+        }
+        if (t->sort) {
+            int64_t count[10] = {0}, k = 0;
+            for (int64_t i = 0; i < n; i++)
+                count[x[i]]++;
+            for (int64_t d = 0; d < 10; d++)
+                while (count[d]--)
+                    y[k++] = d;
+        } else {
+            for (int64_t i = 0; i < n; i++)
+                y[i] = x[n - 1 - i];
+        }
+        for (int64_t i = n; i < T; i++)
+            y[i] = -1;
+    }
+}
+
+/* ---- the loss curve as SVG ------------------------------------------------------ */
+
+static void svg_text(FILE *f, double x, double y, const char *anchor, const char *s) {
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\">%s</text>\n", x, y, anchor, s);
+}
+
+/* steps (n) and loss (n): raw loss in light blue, a running mean in dark. */
+static int write_svg(const char *path, const int64_t *steps, const float *loss, int64_t n,
+                     const char *title) {
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    const double W = 720, H = 400, l = 70, r = 20, t = 40, b = 50;
+    double lo = INFINITY, hi = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(loss[i]))
+            lo = fmin(lo, loss[i]), hi = fmax(hi, loss[i]);
+    if (!(hi > lo))
+        lo = 0, hi = hi > 0 ? hi : 1;
+    lo = fmax(0.0, lo - 0.05 * (hi - lo));
+    const double s0 = n ? (double)steps[0] : 0, s1 = n > 1 ? (double)steps[n - 1] : s0 + 1;
+#define PX(s) (l + ((s) - s0) / (s1 - s0) * (W - l - r))
+#define PY(v) (t + (hi - (v)) / (hi - lo) * (H - t - b))
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+               "font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
+    fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+    char buf[128];
+    fprintf(f, "<g font-size=\"15\">");
+    svg_text(f, W / 2, 24, "middle", title);
+    fprintf(f, "</g>\n");
+    for (int k = 0; k <= 4; k++) { /* grid and ticks */
+        double v = lo + (hi - lo) * k / 4.0, y = PY(v);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", l,
+                y, W - r, y);
+        snprintf(buf, sizeof buf, "%.3g", v);
+        svg_text(f, l - 6, y + 4, "end", buf);
+        double s = s0 + (s1 - s0) * k / 4.0;
+        snprintf(buf, sizeof buf, "%.0f", s);
+        svg_text(f, PX(s), H - b + 18, "middle", buf);
+    }
+    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+               "stroke=\"black\"/>\n", l, t, W - l - r, H - t - b);
+    svg_text(f, (l + W - r) / 2, H - 12, "middle", "step");
+    fprintf(f, "<text x=\"16\" y=\"%.1f\" transform=\"rotate(-90 16 %.1f)\" "
+               "text-anchor=\"middle\">cross-entropy loss</text>\n", (t + H - b) / 2, (t + H - b) / 2);
+    for (int pass = 0; pass < 2; pass++) {
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%s\" points=\"",
+                pass ? "#1f4e9c" : "#9ec3f0", pass ? "2" : "1");
+        double avg = n ? loss[0] : 0;
+        for (int64_t i = 0; i < n; i++) {
+            avg = pass ? 0.95 * avg + 0.05 * loss[i] : loss[i];
+            if (isfinite(avg))
+                fprintf(f, "%.1f,%.1f ", PX((double)steps[i]), PY(avg));
+        }
+        fprintf(f, "\"/>\n");
+    }
+    fprintf(f, "<g font-size=\"11\"><text x=\"%.1f\" y=\"%.1f\" fill=\"#9ec3f0\" "
+               "text-anchor=\"end\">per step</text><text x=\"%.1f\" y=\"%.1f\" fill=\"#1f4e9c\" "
+               "text-anchor=\"end\">running mean</text></g>\n", W - r - 6, t + 14, W - r - 6,
+            t + 28);
+    fprintf(f, "</svg>\n");
+#undef PX
+#undef PY
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+/* ---- progress ---------------------------------------------------------------------- */
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void progress(int64_t step, int64_t total, int64_t first, float loss, double tok_s,
+                     double elapsed, int tty) {
+    const int width = 24;
+    double frac = total ? (double)step / (double)total : 1.0;
+    int fill = (int)(frac * width);
+    double left = step > first ? elapsed / (double)(step - first) * (double)(total - step) : 0;
+    char bar[32];
+    for (int i = 0; i < width; i++)
+        bar[i] = i < fill ? '#' : '.';
+    bar[width] = 0;
+    fprintf(stderr, "%s[%s] step %lld/%lld  loss %.4f  %.0f tok/s  left %d:%02d%s", tty ? "\r" : "",
+            bar, (long long)step, (long long)total, (double)loss, tok_s, (int)left / 60,
+            (int)left % 60, tty ? "   " : "\n");
+    fflush(stderr);
+}
+
+/* ---- options ------------------------------------------------------------------------ */
+
+static int parse_i64(const char *cmd, const char *flag, const char *v, int64_t lo, int64_t hi,
+                     int64_t *out) {
+    char *end;
+    errno = 0;
+    long long x = v ? strtoll(v, &end, 10) : 0;
+    if (!v || !*v || *end || errno || x < lo || x > hi) {
+        fprintf(stderr, "mha %s: %s wants an integer in %lld..%lld, got '%s'\n", cmd, flag,
+                (long long)lo, (long long)hi, v ? v : "");
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int parse_f(const char *cmd, const char *flag, const char *v, double lo, double hi,
+                   double *out) {
+    char *end;
+    double x = v ? strtod(v, &end) : NAN;
+    if (!v || !*v || *end || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "mha %s: %s wants a number in [%g, %g], got '%s'\n", cmd, flag, lo, hi,
+                v ? v : "");
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+/* Reads DIR/loss.tsv ("step\tloss" lines) up to `upto` steps. */
+static int64_t read_losses(const char *dir, int64_t upto, int64_t *steps, float *loss, int64_t cap) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/loss.tsv", dir);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    int64_t n = 0;
+    long long s;
+    float v;
+    while (n < cap && fscanf(f, "%lld\t%f\n", &s, &v) == 2)
+        if (s <= upto)
+            steps[n] = s, loss[n] = v, n++;
+    fclose(f);
+    return n;
+}
+
+/* Accuracy over the held-out set: exact tokens, and whole sequences. */
+static mha_status evaluate(mha_model *m, const task *t, uint64_t seed, int64_t n_eval,
+                           int64_t B, double *tok_acc, double *seq_acc, float *eval_loss,
+                           const char *dump_dir) {
+    const int64_t T = t->max_len, V = VOCAB;
+    int64_t *tok = malloc(sizeof(int64_t) * (size_t)(B * T));
+    int64_t *tgt = malloc(sizeof(int64_t) * (size_t)(B * T));
+    if (!tok || !tgt) {
+        free(tok), free(tgt);
+        return MHA_ERR_NOMEM;
+    }
+    int64_t right = 0, total = 0, seq_right = 0, seqs = 0;
+    double loss_sum = 0;
+    mha_status st = MHA_OK;
+    for (int64_t done = 0, batch = 0; st == MHA_OK && done < n_eval; done += B, batch++) {
+        int64_t nb = n_eval - done < B ? n_eval - done : B;
+        make_batch(t, tok, tgt, nb, seed, 0xE7A1, (uint64_t)batch);
+        float loss;
+        st = mha_model_forward(m, tok, tgt, nb, T, 0, 0, &loss);
+        if (st != MHA_OK)
+            break;
+        loss_sum += loss * (double)nb;
+        const float *z = mha_model_logits(m);
+        for (int64_t b = 0; b < nb; b++) {
+            int ok = 1;
+            for (int64_t i = 0; i < T; i++) {
+                const int64_t y = tgt[b * T + i];
+                if (y < 0)
+                    continue;
+                const float *zr = z + (b * T + i) * V;
+                int64_t best = 0;
+                for (int64_t v = 1; v < V; v++)
+                    if (zr[v] > zr[best])
+                        best = v;
+                right += best == y, total++;
+                ok &= best == y;
+            }
+            seq_right += ok, seqs++;
+        }
+        if (batch == 0 && dump_dir) {
+            /* the first held-out batch and its logits, for outside checks */
+            char path[4096];
+            mha_tensor tt, lt;
+            float *tf = malloc(sizeof(float) * (size_t)(nb * T));
+            if (tf) {
+                for (int64_t i = 0; i < nb * T; i++)
+                    tf[i] = (float)tok[i];
+                mha_tensor_init(&tt, MHA_F32, tf, 2, (int64_t[]){nb, T});
+                mha_tensor_init(&lt, MHA_F32, (void *)z, 3, (int64_t[]){nb, T, V});
+                snprintf(path, sizeof path, "%s/sample_tokens.npy", dump_dir);
+                st = mha_npy_save(path, &tt, MHA_F32);
+                snprintf(path, sizeof path, "%s/sample_logits.npy", dump_dir);
+                if (st == MHA_OK)
+                    st = mha_npy_save(path, &lt, MHA_F32);
+                free(tf);
+            }
+        }
+    }
+    *tok_acc = total ? (double)right / (double)total : 0;
+    *seq_acc = seqs ? (double)seq_right / (double)seqs : 0;
+    *eval_loss = (float)(n_eval ? loss_sum / (double)n_eval : 0);
+    free(tok), free(tgt);
+    return st;
+}
+
+int cli_train(int argc, char **argv) {
+    const char *cmd = "train", *out_dir = "mha-train", *resume = NULL;
+    int64_t steps = 600, seed = 1, layers = 2, heads = 4, dim = 64, ffn = 128, batch = 32;
+    int64_t min_len = 8, max_len = 12, n_eval = 1000, threads = 0;
+    double lr = 3e-3, dropout = 0.0, clip = 1.0, wd = 1e-2;
+    int causal = 0, post_norm = 0, quiet = 0;
+    task t = {0, 0, 0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0, takes = 1;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return CLI_OK;
+        } else if (!strcmp(a, "--task")) {
+            if (v && !strcmp(v, "reverse"))
+                t.sort = 0;
+            else if (v && !strcmp(v, "sort"))
+                t.sort = 1;
+            else {
+                fprintf(stderr, "mha train: --task wants reverse or sort, got '%s'\n", v ? v : "");
+                return CLI_BAD_INPUT;
+            }
+        } else if (!strcmp(a, "--steps")) rc = parse_i64(cmd, a, v, 0, 100000000, &steps);
+        else if (!strcmp(a, "--seed")) rc = parse_i64(cmd, a, v, 0, INT64_MAX, &seed);
+        else if (!strcmp(a, "--layers")) rc = parse_i64(cmd, a, v, 1, 64, &layers);
+        else if (!strcmp(a, "--heads")) rc = parse_i64(cmd, a, v, 1, 1024, &heads);
+        else if (!strcmp(a, "--dim")) rc = parse_i64(cmd, a, v, 1, 4096, &dim);
+        else if (!strcmp(a, "--ffn")) rc = parse_i64(cmd, a, v, 1, 16384, &ffn);
+        else if (!strcmp(a, "--batch")) rc = parse_i64(cmd, a, v, 1, 65536, &batch);
+        else if (!strcmp(a, "--min-len")) rc = parse_i64(cmd, a, v, 1, 256, &min_len);
+        else if (!strcmp(a, "--max-len")) rc = parse_i64(cmd, a, v, 1, 256, &max_len);
+        else if (!strcmp(a, "--eval")) rc = parse_i64(cmd, a, v, 1, 1000000, &n_eval);
+        else if (!strcmp(a, "--threads")) rc = parse_i64(cmd, a, v, 0, 1024, &threads);
+        else if (!strcmp(a, "--lr")) rc = parse_f(cmd, a, v, 0, 10, &lr);
+        else if (!strcmp(a, "--dropout")) rc = parse_f(cmd, a, v, 0, 0.99, &dropout);
+        else if (!strcmp(a, "--clip")) rc = parse_f(cmd, a, v, 0, 1e9, &clip);
+        else if (!strcmp(a, "--weight-decay")) rc = parse_f(cmd, a, v, 0, 10, &wd);
+        else if (!strcmp(a, "--out") && v) out_dir = v;
+        else if (!strcmp(a, "--resume") && v) resume = v;
+        else {
+            takes = 0;
+            if (!strcmp(a, "--causal")) causal = 1;
+            else if (!strcmp(a, "--post-norm")) post_norm = 1;
+            else if (!strcmp(a, "--quiet")) quiet = 1;
+            else {
+                fprintf(stderr, "mha train: unknown or incomplete option '%s' (see --help)\n", a);
+                return CLI_BAD_INPUT;
+            }
+        }
+        if (rc)
+            return CLI_BAD_INPUT;
+        i += takes;
+    }
+    if (min_len > max_len) {
+        fprintf(stderr, "mha train: --min-len %lld exceeds --max-len %lld\n", (long long)min_len,
+                (long long)max_len);
+        return CLI_BAD_INPUT;
+    }
+    t.min_len = min_len, t.max_len = max_len;
+    if (threads)
+        mha_set_num_threads((int)threads);
+    if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "mha train: cannot create %s: %s\n", out_dir, strerror(errno));
+        return CLI_INTERNAL;
+    }
+
+    /* the model and optimiser: fresh, or from the checkpoint */
+    mha_model *m = NULL;
+    mha_adamw opt;
+    memset(&opt, 0, sizeof opt);
+    int64_t start = 0;
+    uint64_t useed = (uint64_t)seed;
+    mha_status st;
+    char path[4096], opath[4096];
+    if (resume) {
+        snprintf(path, sizeof path, "%s/model.safetensors", resume);
+        snprintf(opath, sizeof opath, "%s/optimizer.safetensors", resume);
+        st = mha_model_load(&m, path, opath, &opt, &start, &useed);
+        if (st != MHA_OK)
+            return cli_fail(cmd, st, resume);
+        if (mha_model_get_config(m)->max_len != max_len) {
+            fprintf(stderr, "mha train: the checkpoint's max_len is %lld, not %lld\n",
+                    (long long)mha_model_get_config(m)->max_len, (long long)max_len);
+            mha_model_free(m), mha_adamw_release(&opt);
+            return CLI_BAD_INPUT;
+        }
+    } else {
+        mha_model_config c;
+        mha_model_config_init(&c);
+        c.vocab = VOCAB, c.max_len = max_len, c.dim = dim, c.heads = heads, c.ffn = ffn;
+        c.layers = layers, c.causal = causal, c.norm_first = !post_norm;
+        c.dropout = (float)dropout;
+        st = mha_model_create(&m, &c, useed);
+        mha_adamw_options o;
+        mha_adamw_options_init(&o);
+        o.lr = lr, o.weight_decay = wd, o.max_grad_norm = clip;
+        if (st == MHA_OK)
+            st = mha_adamw_init(&opt, mha_model_num_params(m), &o);
+        if (st != MHA_OK) {
+            mha_model_free(m);
+            return cli_fail(cmd, st, "model");
+        }
+    }
+    const mha_model_config *c = mha_model_get_config(m);
+    if (!quiet)
+        fprintf(stderr,
+                "mha train: task %s, %lld-%lld digits; %lld layers%s, %lld heads, dim %lld, "
+                "ffn %lld (%lld parameters); batch %lld, steps %lld..%lld, seed %llu\n",
+                t.sort ? "sort" : "reverse", (long long)min_len, (long long)max_len,
+                (long long)c->layers, c->causal ? " (causal)" : "", (long long)c->heads,
+                (long long)c->dim, (long long)c->ffn, (long long)mha_model_num_params(m),
+                (long long)batch, (long long)start, (long long)steps,
+                (unsigned long long)useed);
+
+    const int64_t T = max_len, cap = steps + 1;
+    int64_t *tok = malloc(sizeof(int64_t) * (size_t)(batch * T));
+    int64_t *tgt = malloc(sizeof(int64_t) * (size_t)(batch * T));
+    int64_t *hist_step = malloc(sizeof(int64_t) * (size_t)cap);
+    float *hist_loss = malloc(sizeof(float) * (size_t)cap);
+    if (!tok || !tgt || !hist_step || !hist_loss) {
+        fprintf(stderr, "mha train: out of memory\n");
+        free(tok), free(tgt), free(hist_step), free(hist_loss);
+        mha_model_free(m), mha_adamw_release(&opt);
+        return CLI_INTERNAL;
+    }
+    int64_t n_hist = resume ? read_losses(resume, start, hist_step, hist_loss, cap) : 0;
+    const int tty = isatty(2) && !quiet;
+    const double t0 = now();
+    double last_print = 0;
+    int64_t tokens_seen = 0;
+    const double base_lr = resume ? opt.opt.lr : lr;
+    const int64_t warmup = 100;
+    st = MHA_OK;
+    for (int64_t s = start; s < steps && st == MHA_OK; s++) {
+        make_batch(&t, tok, tgt, batch, useed, 0x7A1, (uint64_t)s);
+        /* linear warm-up then constant: a function of the step only */
+        opt.opt.lr = s < warmup ? base_lr * (double)(s + 1) / (double)warmup : base_lr;
+        float loss;
+        mha_model_zero_grad(m);
+        st = mha_model_forward(m, tok, tgt, batch, T, 1, mix64(useed ^ (uint64_t)s), &loss);
+        if (st == MHA_OK)
+            st = mha_model_backward(m);
+        if (st == MHA_OK)
+            st = mha_adamw_step(&opt, mha_model_params(m), mha_model_grads(m), NULL);
+        if (n_hist < cap)
+            hist_step[n_hist] = s + 1, hist_loss[n_hist++] = loss;
+        tokens_seen += batch * T;
+        double el = now() - t0;
+        if (!quiet && (el - last_print > (tty ? 0.2 : 5.0) || s + 1 == steps)) {
+            progress(s + 1, steps, start, loss, tokens_seen / fmax(el, 1e-9), el, tty);
+            last_print = el;
+        }
+    }
+    opt.opt.lr = base_lr; /* the checkpoint keeps the peak rate */
+    const double train_s = now() - t0;
+    if (tty)
+        fputc('\n', stderr);
+    if (st != MHA_OK) {
+        int rc = cli_fail(cmd, st, "training");
+        free(tok), free(tgt), free(hist_step), free(hist_loss);
+        mha_model_free(m), mha_adamw_release(&opt);
+        return rc;
+    }
+
+    /* held-out accuracy, checkpoint, loss curve */
+    double acc = 0, seq_acc = 0;
+    float eval_loss = 0;
+    st = evaluate(m, &t, useed, n_eval, batch, &acc, &seq_acc, &eval_loss, out_dir);
+    int rc = CLI_OK;
+    if (st != MHA_OK)
+        rc = cli_fail(cmd, st, "evaluation");
+    snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
+    snprintf(opath, sizeof opath, "%s/optimizer.safetensors", out_dir);
+    if (rc == CLI_OK && (st = mha_model_save(m, path, opath, &opt, steps > start ? steps : start,
+                                             useed)) != MHA_OK)
+        rc = cli_fail(cmd, st, path);
+    if (rc == CLI_OK) {
+        snprintf(path, sizeof path, "%s/loss.tsv", out_dir);
+        FILE *f = fopen(path, "w");
+        for (int64_t i = 0; f && i < n_hist; i++)
+            fprintf(f, "%lld\t%.9g\n", (long long)hist_step[i], (double)hist_loss[i]);
+        if (!f || fclose(f) != 0) {
+            fprintf(stderr, "mha train: cannot write %s\n", path);
+            rc = CLI_INTERNAL;
+        }
+        char title[160];
+        snprintf(title, sizeof title, "mha train: %s, %lld layers, dim %lld, seed %llu",
+                 t.sort ? "sort" : "reverse", (long long)c->layers, (long long)c->dim,
+                 (unsigned long long)useed);
+        snprintf(path, sizeof path, "%s/loss.svg", out_dir);
+        if (rc == CLI_OK && write_svg(path, hist_step, hist_loss, n_hist, title) != 0) {
+            fprintf(stderr, "mha train: cannot write %s\n", path);
+            rc = CLI_INTERNAL;
+        }
+    }
+    if (rc == CLI_OK) {
+        const int64_t done = steps > start ? steps - start : 0;
+        printf("steps: %lld\n", (long long)(steps > start ? steps : start));
+        printf("train_seconds: %.1f\n", train_s);
+        printf("tokens_per_second: %.0f\n", done ? (double)tokens_seen / fmax(train_s, 1e-9) : 0.0);
+        printf("eval_loss: %.4f\n", (double)eval_loss);
+        printf("sequence_accuracy: %.4f\n", seq_acc);
+        printf("checkpoint: %s/model.safetensors\n", out_dir);
+        printf("loss_curve: %s/loss.svg\n", out_dir);
+        printf("accuracy: %.4f\n", acc);
+    }
+    free(tok), free(tgt), free(hist_step), free(hist_loss);
+    mha_model_free(m), mha_adamw_release(&opt);
+    return rc;
+}

@@ -1,0 +1,80 @@
+#!/bin/sh
+# test_cli_train.sh - `mha train`.
+#   * THE ACCURACY CHECK: a fixed seeded run (seed 1, 150 steps, default
+#     model, 1 thread) must reach exact-token accuracy >= 0.95 on the 500
+#     held-out sequences; only the accuracy is checked, never the time.
+#   * resumption: 40 steps straight and 20 + --resume 20 give byte-identical
+#     checkpoints (model and optimizer files);
+#   * the checkpoint loads with a STRICT load_state_dict into the matching
+#     PyTorch module and reproduces mha's logits (train_pytorch.py; skipped
+#     when /usr/bin/python3 lacks torch);
+#   * the loss curve SVG, --help and argument errors.
+# Prints "cli-train: N passed, N failed".
+B=${MHA_BUILD:-build}
+MHA=$PWD/$B/mha
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+ko() { fail=$((fail + 1)); echo "FAIL: $*"; }
+# small GEMMs: OpenBLAS's own threads only add overhead here
+OPENBLAS_NUM_THREADS=1; export OPENBLAS_NUM_THREADS
+
+# ---- the accuracy check (fixed steps and seed) ------------------------------------------
+if "$MHA" train --steps 150 --seed 1 --threads 1 --eval 500 --quiet --out "$T/acc" >"$T/acc.out" 2>"$T/acc.err"; then
+    acc=$(sed -n 's/^accuracy: //p' "$T/acc.out")
+    if awk -v a="$acc" 'BEGIN { exit !(a >= 0.95) }'; then ok
+    else ko "mha train --steps 150 --seed 1: accuracy '$acc' < 0.95"; fi
+    echo "ok train accuracy $acc after 150 steps"
+else
+    ko "mha train --steps 150: exit $? $(tail -c 300 "$T/acc.err")"
+fi
+for f in model.safetensors optimizer.safetensors loss.svg loss.tsv sample_tokens.npy sample_logits.npy; do
+    if [ -s "$T/acc/$f" ]; then ok; else ko "missing $T/acc/$f"; fi
+done
+if grep -q "<polyline" "$T/acc/loss.svg" && [ "$(wc -l < "$T/acc/loss.tsv")" -eq 150 ]; then ok
+else ko "loss curve: svg polyline and 150 loss lines"; fi
+
+# ---- bit-identical resumption (with dropout, a causal stack and clipping) ------------------
+common="--seed 7 --threads 1 --eval 50 --quiet --dim 24 --ffn 40 --heads 3 --dropout 0.1 --causal"
+"$MHA" train --steps 40 $common --out "$T/straight" >/dev/null 2>"$T/r.err" || ko "straight run: $(cat "$T/r.err")"
+"$MHA" train --steps 20 $common --out "$T/half" >/dev/null 2>"$T/r.err" || ko "half run: $(cat "$T/r.err")"
+"$MHA" train --steps 40 $common --resume "$T/half" --out "$T/resumed" >/dev/null 2>"$T/r.err" || ko "resumed run: $(cat "$T/r.err")"
+for f in model.safetensors optimizer.safetensors loss.tsv; do
+    if cmp -s "$T/straight/$f" "$T/resumed/$f"; then ok
+    else ko "resume: $f differs from the straight run"; fi
+done
+
+# ---- PyTorch: strict load_state_dict and the logits ------------------------------------------
+if /usr/bin/python3 -c "import torch, numpy" 2>/dev/null; then
+    for d in acc straight; do
+        out=$(/usr/bin/python3 tests/cli/train_pytorch.py "$T/$d" 2>&1)
+        printf '%s\n' "$out" | grep '^FAIL'
+        p=$(printf '%s\n' "$out" | sed -n 's/^train-pytorch: \([0-9]*\) passed.*/\1/p')
+        f=$(printf '%s\n' "$out" | sed -n 's/^train-pytorch: .* \([0-9]*\) failed$/\1/p')
+        if [ -n "$p" ]; then pass=$((pass + p)); fail=$((fail + f))
+        else ko "train_pytorch.py gave no result: $(printf '%s' "$out" | tail -n 3)"; fi
+    done
+else
+    echo "ok skipped: /usr/bin/python3 with torch not available"
+fi
+
+# ---- help and errors --------------------------------------------------------------------------
+if "$MHA" train --help >"$T/h" 2>&1 && grep -q "usage: mha train" "$T/h"; then ok; else ko "--help"; fi
+expect() {
+    code=$1 needle=$2
+    shift 2
+    "$@" >"$T/stdout" 2>"$T/stderr"
+    rc=$?
+    if [ "$rc" -eq "$code" ] && grep -qF -- "$needle" "$T/stderr"; then ok
+    else ko "$* -> exit $rc, stderr: $(head -c 300 "$T/stderr") (want $code, '$needle')"; fi
+}
+expect 2 "unknown or incomplete option" "$MHA" train --bogus
+expect 2 "--steps wants an integer" "$MHA" train --steps -3
+expect 2 "--task wants reverse or sort" "$MHA" train --task copy
+expect 2 "heads" "$MHA" train --steps 1 --heads 5 --out "$T/bad"
+expect 2 "--min-len 9 exceeds --max-len 4" "$MHA" train --min-len 9 --max-len 4
+expect 1 "model.safetensors" "$MHA" train --resume "$T/nowhere" --out "$T/x"
+
+echo "cli-train: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -154,6 +154,30 @@ fuzz-cli-args:
 	    -artifact_prefix=$(CURDIR)/build-fuzz/ $(CURDIR)/build-fuzz/corpus-cli_args \
 	    $(CURDIR)/tests/corpus/cli_args
 
+# ---- coverage: the whole suite at -O0 with --coverage (fault injection is
+# part of the suite), then gcovr with branches over src/ and cli/ into
+# build-cov/coverage/ (summary.txt, index.html).  docs/coverage.md has the
+# figures and the branches excluded by name (GCOVR_EXCL_* markers).
+.PHONY: coverage
+coverage: deps
+	rm -rf build-cov/coverage && find build-cov -name '*.gcda' -delete 2>/dev/null; true
+	@$(MAKE) --no-print-directory COV=1 lib cli build-cov/mha-tests \
+	    $(patsubst $(BUILD)/%,build-cov/%,$(IO_TOOLS))
+	-@MHA_BUILD=build-cov CC="$(CC)" sh tests/run.sh | tail -n 3
+	@mkdir -p build-cov/coverage
+	gcovr -r . --object-directory build-cov --filter 'src/' --filter 'cli/' \
+	    --exclude-unreachable-branches -s --txt build-cov/coverage/summary.txt \
+	    --html-details build-cov/coverage/index.html | tail -n 3
+	@echo "coverage: build-cov/coverage/summary.txt, build-cov/coverage/index.html"
+
+# ---- the speed guard that does not time (tests/perf_guard.sh): instruction
+# counts of fixed workloads under callgrind against tests/perf_guard.txt.
+.PHONY: perf-guard
+$(BUILD)/perf_driver: $(BUILD)/tests/tools/perf_driver.o $(STATIC)
+	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LDLIBS_)
+perf-guard: $(BUILD)/perf_driver
+	@MHA_BUILD=$(BUILD) sh tests/perf_guard.sh
+
 deps:
 	@sh tools/deps.sh
 

@@ -52,6 +52,20 @@ static int save(const char *path, int ndim, const int64_t *shape, uint64_t seed,
     return mha_npy_save(path, &t, as) == MHA_OK;
 }
 
+static void sweep(void);
+
+/* Removes the sandbox when the process exits (libFuzzer ends with exit()). */
+static void sandbox_remove(void) {
+    char here[4096];
+    if (!getcwd(here, sizeof here) || strncmp(here, "/tmp/mha-fuzz-cli-", 18))
+        return;
+    sweep();
+    for (size_t k = 0; k < N_KEEP; k++)
+        remove(keep[k]);
+    if (chdir("/") == 0)
+        rmdir(here);
+}
+
 /* The sandbox: E = 4, H = 2, B = 1, L = 3, S = 5. */
 static int sandbox(void) {
     static int ready;
@@ -61,6 +75,7 @@ static int sandbox(void) {
     static char dir[] = "/tmp/mha-fuzz-cli-XXXXXX";
     if (!mkdtemp(dir) || chdir(dir) != 0)
         return 0;
+    atexit(sandbox_remove);
     mha_set_num_threads(1);
     int ok = save("q.npy", 3, (int64_t[]){1, 3, 4}, 1, MHA_F32) &&
              save("k.npy", 3, (int64_t[]){1, 5, 4}, 2, MHA_F32) &&
@@ -152,14 +167,6 @@ int main(int argc, char **argv) {
     if (!abs || !sandbox())
         return 1;
     int rc = fuzz_replay_main(argc, abs, LLVMFuzzerTestOneInput);
-    sweep();
-    char here[4096];
-    if (getcwd(here, sizeof here)) {
-        for (size_t k = 0; k < N_KEEP; k++)
-            remove(keep[k]);
-        if (chdir("/") == 0)
-            rmdir(here);
-    }
     for (int k = 0; k < argc; k++)
         free(abs[k]);
     free(abs);

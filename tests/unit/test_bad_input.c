@@ -939,7 +939,7 @@ TEST(bad_input_multihead) {
 
 TEST(bad_input_layers) {
     float x[3 * 4], y[3 * 4], w[5 * 4], b[5], o[3 * 5];
-    test_randn(x, 12, 31), test_randn(w, 20, 32), test_randn(b, 5, 33);
+    test_randn(x, 12, 31), test_randn(y, 12, 34), test_randn(w, 20, 32), test_randn(b, 5, 33);
     mha_tensor X, Y, W, Bv, O;
     mha_tensor_init(&X, MHA_F32, x, 2, (int64_t[]){3, 4});
     mha_tensor_init(&Y, MHA_F32, y, 2, (int64_t[]){3, 4});

@@ -33,7 +33,7 @@ typedef struct bench_case {
 
 typedef struct bench_cfg {
     int threads, reps;
-    bool json, mha;
+    bool json, mha, backward; /* backward: time the backward beside the forward */
     int kernel; /* -1 all, 0 auto, else mha_kernel */
 } bench_cfg;
 
@@ -255,6 +255,186 @@ done:
     return rc;
 }
 
+/* ---- attention backward ------------------------------------------------ */
+
+/* One backward line: ms (median backward), the forward's ms of the same
+ * case and kernel, GFLOP/s of bwd_flops (FlashAttention's accounting:
+ * attention backward = 2.5 x forward FLOPs; a projection backward = 2 x its
+ * forward) and the bwd/fwd ratio.  err NaN: not validated (printed null). */
+static void emit_bwd(const bench_cfg *cfg, const char *op, const char *kernel,
+                     const bench_case *c, double ms, double fwd_ms, double flops, double err) {
+    const double gf = flops / (ms * 1e6), peak = peak_for(cfg->threads);
+    int threads = cfg->threads > 0 ? cfg->threads : mha_get_num_threads();
+    if (cfg->json) {
+        printf("{\"op\":\"%s\",\"kernel\":\"%s\",\"B\":%lld,\"H\":%lld,\"Hkv\":%lld,\"L\":%lld,"
+               "\"S\":%lld,\"d\":%lld,\"causal\":%s,\"threads\":%d,\"ms\":%.4f,\"fwd_ms\":%.4f,"
+               "\"ratio\":%.3f,\"gflops\":%.2f,\"peak_gflops\":%.1f,\"max_err\":",
+               op, kernel, (long long)c->B, (long long)c->H, (long long)c->Hkv, (long long)c->L,
+               (long long)c->S, (long long)c->d, c->causal ? "true" : "false", threads, ms,
+               fwd_ms, ms / fwd_ms, gf, peak);
+        if (isnan(err))
+            printf("null}\n");
+        else
+            printf("%.3g}\n", err);
+    } else {
+        printf("%-13s %-6s B=%-2lld H=%-2lld Hkv=%-2lld L=%-5lld S=%-5lld d=%-3lld %-6s t=%d "
+               "bwd %9.3f ms fwd %9.3f ms ratio %5.2f %8.1f GFLOP/s %5.1f%% of %.0f  err %.2g\n",
+               op, kernel, (long long)c->B, (long long)c->H, (long long)c->Hkv, (long long)c->L,
+               (long long)c->S, (long long)c->d, c->causal ? "causal" : "full", threads, ms,
+               fwd_ms, ms / fwd_ms, gf, 100.0 * gf / peak, peak, err);
+    }
+    fflush(stdout);
+}
+
+typedef struct bwd_ctx {
+    mha_tensor q, k, v, o, lse, dout, dq, dk, dv;
+    mha_sdpa_options opt;
+} bwd_ctx;
+
+static mha_status run_fwd_lse(void *p) {
+    bwd_ctx *a = p;
+    return mha_sdpa_forward(&a->o, &a->q, &a->k, &a->v, &a->opt);
+}
+
+static mha_status run_bwd(void *p) {
+    bwd_ctx *a = p;
+    return mha_sdpa_backward(&a->dq, &a->dk, &a->dv, &a->dout, &a->o, &a->lse, &a->q, &a->k,
+                             &a->v, &a->opt);
+}
+
+/* Worst error of (dq, dk, dv) of a against r. */
+static double grads_err(const bwd_ctx *a, const bwd_ctx *r, const bench_case *c) {
+    const size_t nq = (size_t)(c->B * c->H * c->L * c->d);
+    const size_t nk = (size_t)(c->B * c->Hkv * c->S * c->d);
+    double e[3] = {rel_err(a->dq.data, r->dq.data, nq), rel_err(a->dk.data, r->dk.data, nk),
+                   rel_err(a->dv.data, r->dv.data, nk)};
+    double w = e[0] > e[1] ? e[0] : e[1];
+    return w > e[2] ? w : e[2];
+}
+
+static void zero_grads(bwd_ctx *a, const bench_case *c) {
+    memset(a->dq.data, 0, sizeof(float) * (size_t)(c->B * c->H * c->L * c->d));
+    memset(a->dk.data, 0, sizeof(float) * (size_t)(c->B * c->Hkv * c->S * c->d));
+    memset(a->dv.data, 0, sizeof(float) * (size_t)(c->B * c->Hkv * c->S * c->d));
+}
+
+/* Validation: dout is zero outside query rows [i0, L), so only those rows
+ * contribute to dk/dv and dq; the reference backward of that window (the
+ * rows' q, causal offset i0) gives the exact expected dq/dk/dv at a
+ * fraction of the full cost.  Then dout is filled everywhere for timing. */
+static int bench_attention_bwd(const bench_cfg *cfg, const bench_case *c) {
+    const char *cmd = "bench";
+    int64_t qs[4] = {c->B, c->H, c->L, c->d}, ks[4] = {c->B, c->Hkv, c->S, c->d};
+    int64_t ls[3] = {c->B, c->H, c->L};
+    bwd_ctx a, r;
+    mha_tensor ro, rlse, rdq, rdk, rdv; /* the reference's outputs */
+    memset(&a, 0, sizeof a);
+    memset(&ro, 0, sizeof ro), rlse = rdq = rdk = rdv = ro;
+    mha_tensor *all[] = {&a.q, &a.k, &a.v, &a.o, &a.lse, &a.dout, &a.dq, &a.dk, &a.dv,
+                         &ro, &rlse, &rdq, &rdk, &rdv};
+    const int64_t *shapes[] = {qs, ks, ks, qs, ls, qs, qs, ks, ks, qs, ls, qs, ks, ks};
+    mha_status st = MHA_OK;
+    int rc = CLI_OK;
+    for (size_t t = 0; t < sizeof all / sizeof *all && st == MHA_OK; t++)
+        st = mha_tensor_alloc(all[t], MHA_F32, shapes[t] == ls ? 3 : 4, shapes[t]);
+    if (st != MHA_OK) {
+        rc = cli_fail(cmd, st, "allocating the case");
+        goto done;
+    }
+    fill(a.q.data, (size_t)(c->B * c->H * c->L * c->d), 1, 1.0f);
+    fill(a.k.data, (size_t)(c->B * c->Hkv * c->S * c->d), 2, 1.0f);
+    fill(a.v.data, (size_t)(c->B * c->Hkv * c->S * c->d), 3, 1.0f);
+    mha_sdpa_options_init(&a.opt);
+    a.opt.causal = c->causal ? MHA_CAUSAL_TOP_LEFT : MHA_CAUSAL_NONE;
+    a.opt.lse = &a.lse;
+
+    const double macs = (double)c->B * c->H * c->L * c->S * c->d;
+    const double flops = 4.0 * macs / (c->causal ? 2.0 : 1.0);
+    int64_t rows = c->L;
+    if (macs > REF_BUDGET / 4) { /* the reference backward does ~4 products in double */
+        rows = (int64_t)(REF_BUDGET / 4 / ((double)c->B * c->H * c->S * c->d));
+        rows = rows < 1 ? 1 : rows > c->L ? c->L : rows;
+    }
+    const int64_t i0 = c->L - rows;
+    /* the windowed dout and the reference gradients */
+    float *dout = a.dout.data;
+    const size_t ld = (size_t)c->d;
+    for (int64_t bh = 0; bh < c->B * c->H; bh++)
+        fill(dout + ((size_t)bh * (size_t)c->L + (size_t)i0) * ld, (size_t)rows * ld,
+             (uint64_t)(10 + bh), 1.0f);
+    r = a;
+    r.o = ro, r.lse = rlse, r.dq = rdq, r.dk = rdk, r.dv = rdv;
+    r.opt.kernel = MHA_KERNEL_REF;
+    r.opt.lse = &r.lse;
+    {
+        bwd_ctx w = r; /* query rows [i0, L) of q, dout, o, lse, dq */
+        w.q.data = (float *)a.q.data + i0 * ld, w.q.shape[2] = rows;
+        w.dout.data = dout + i0 * ld, w.dout.shape[2] = rows;
+        w.o.data = (float *)r.o.data + i0 * ld, w.o.shape[2] = rows;
+        w.lse.data = (float *)r.lse.data + i0, w.lse.shape[2] = rows;
+        w.dq.data = (float *)r.dq.data + i0 * ld, w.dq.shape[2] = rows;
+        w.opt.lse = &w.lse;
+        if (c->causal)
+            w.opt.causal = MHA_CAUSAL_OFFSET, w.opt.causal_offset = i0;
+        if ((st = run_fwd_lse(&w)) != MHA_OK || (st = run_bwd(&w)) != MHA_OK) {
+            rc = cli_fail(cmd, st, "reference");
+            goto done;
+        }
+    }
+
+    mha_kernel kinds[3] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
+    for (int kk = 0; kk < 3; kk++) {
+        mha_kernel k = kinds[kk];
+        if (cfg->kernel == 0 && k != mha_kernel_resolve(MHA_KERNEL_AUTO))
+            continue;
+        if (cfg->kernel > 0 && (int)k != cfg->kernel)
+            continue;
+        if (cfg->kernel == -1 && k == MHA_KERNEL_AVX2 &&
+            mha_kernel_resolve(MHA_KERNEL_AUTO) != MHA_KERNEL_AVX2)
+            continue;
+        if ((k == MHA_KERNEL_REF && 2.5 * flops > REF_TIME_MAX) ||
+            (k == MHA_KERNEL_SCALAR && 2.5 * flops > SCALAR_TIME_MAX)) {
+            fprintf(stderr, "mha bench: %s skipped at L=%lld (too slow to time)\n",
+                    mha_kernel_name(k), (long long)c->L);
+            continue;
+        }
+        a.opt.kernel = k;
+        zero_grads(&a, c);
+        double t0 = now_ms();
+        if ((st = run_fwd_lse(&a)) != MHA_OK) {
+            rc = cli_fail(cmd, st, mha_kernel_name(k));
+            goto done;
+        }
+        double fwd_first = now_ms() - t0;
+        t0 = now_ms();
+        if ((st = run_bwd(&a)) != MHA_OK) {
+            rc = cli_fail(cmd, st, mha_kernel_name(k));
+            goto done;
+        }
+        double bwd_first = now_ms() - t0;
+        double err = grads_err(&a, &r, c);
+        if (!(err <= 1e-4)) {
+            fprintf(stderr, "mha bench: kernel %s backward fails validation (error %g)\n",
+                    mha_kernel_name(k), err);
+            rc = CLI_INTERNAL;
+            continue;
+        }
+        fill(dout, (size_t)(c->B * c->H * c->L * c->d), 9, 1.0f); /* every row, for timing */
+        double fwd_ms = time_median(run_fwd_lse, &a, cfg->reps, fwd_first);
+        double ms = time_median(run_bwd, &a, cfg->reps, bwd_first);
+        emit_bwd(cfg, "attention_bwd", mha_kernel_name(k), c, ms, fwd_ms, 2.5 * flops, err);
+        for (int64_t bh = 0; bh < c->B * c->H; bh++) { /* the window again for the next kernel */
+            memset(dout + (size_t)bh * (size_t)c->L * ld, 0, sizeof(float) * (size_t)i0 * ld);
+            fill(dout + ((size_t)bh * (size_t)c->L + (size_t)i0) * ld, (size_t)rows * ld,
+                 (uint64_t)(10 + bh), 1.0f);
+        }
+    }
+done:
+    for (size_t t = 0; t < sizeof all / sizeof *all; t++)
+        mha_tensor_free(all[t]);
+    return rc;
+}
+
 /* ---- whole MHA self-attention ------------------------------------------ */
 
 typedef struct mha_ctx {
@@ -385,6 +565,179 @@ done:
     return rc;
 }
 
+/* ---- whole MHA self-attention backward ---------------------------------- */
+
+typedef struct mha_bwd_ctx {
+    mha_ctx m;
+    void *saved;
+    size_t saved_bytes;
+    mha_tensor dx, dout, dw_in, db_in, dw_out, db_out;
+    mha_multihead_grads g;
+} mha_bwd_ctx;
+
+static mha_status run_mha_train(void *p) {
+    mha_bwd_ctx *t = p;
+    return mha_multihead_forward_train(&t->m.out, t->saved, t->saved_bytes, &t->m.x, &t->m.x,
+                                       &t->m.x, &t->m.w, &t->m.opt);
+}
+
+static mha_status run_mha_bwd(void *p) {
+    mha_bwd_ctx *t = p;
+    return mha_multihead_backward(&t->dx, NULL, NULL, &t->g, &t->dout, t->saved,
+                                  t->saved_bytes, &t->m.x, &t->m.x, &t->m.x, &t->m.w, &t->m.opt,
+                                  NULL, 0);
+}
+
+/* All gradients of t, flattened for comparison. */
+static double mha_grads_err(const mha_bwd_ctx *t, const mha_bwd_ctx *r) {
+    const mha_tensor *a[5] = {&t->dx, &t->dw_in, &t->db_in, &t->dw_out, &t->db_out};
+    const mha_tensor *b[5] = {&r->dx, &r->dw_in, &r->db_in, &r->dw_out, &r->db_out};
+    double w = 0.0;
+    for (int i = 0; i < 5; i++) {
+        size_t n = 1;
+        for (int x = 0; x < a[i]->ndim; x++)
+            n *= (size_t)a[i]->shape[x];
+        double e = rel_err(a[i]->data, b[i]->data, n);
+        w = e > w ? e : w;
+    }
+    return w;
+}
+
+static void mha_zero_grads(mha_bwd_ctx *t) {
+    mha_tensor *a[5] = {&t->dx, &t->dw_in, &t->db_in, &t->dw_out, &t->db_out};
+    for (int i = 0; i < 5; i++) {
+        size_t n = 1;
+        for (int x = 0; x < a[i]->ndim; x++)
+            n *= (size_t)a[i]->shape[x];
+        memset(a[i]->data, 0, sizeof(float) * n);
+    }
+}
+
+/* mha_multihead_forward_train vs mha_multihead_backward (packed in_proj,
+ * biases, self-attention).  Validated against the REF kernel's backward of
+ * the same case when the reference fits REF_BUDGET; larger cases are not
+ * validated here (the attention part is: `--backward` without --mha). */
+static int bench_mha_bwd(const bench_cfg *cfg, const bench_case *c) {
+    const char *cmd = "bench";
+    const int64_t E = c->H * c->d, L = c->L;
+    int64_t xs[3] = {c->B, L, E}, wi[2] = {3 * E, E}, bi[1] = {3 * E}, wo[2] = {E, E},
+            bo[1] = {E};
+    mha_bwd_ctx t[2]; /* t[0] timed, t[1] reference */
+    memset(t, 0, sizeof t);
+    mha_ctx *m = &t[0].m;
+    mha_status st = MHA_OK;
+    int rc = CLI_OK;
+    const bool validate = (double)c->B * c->H * L * L * c->d <= REF_BUDGET;
+    for (int u = 0; u < (validate ? 2 : 1) && st == MHA_OK; u++) {
+        mha_tensor *all[] = {&t[u].dx, &t[u].dout, &t[u].dw_in, &t[u].db_in, &t[u].dw_out,
+                             &t[u].db_out, &t[u].m.out};
+        const int64_t *sh[] = {xs, xs, wi, bi, wo, bo, xs};
+        const int nd[] = {3, 3, 2, 1, 2, 1, 3};
+        for (int i = 0; i < 7 && st == MHA_OK; i++)
+            st = mha_tensor_alloc(all[i], MHA_F32, nd[i], sh[i]);
+        if (st == MHA_OK)
+            st = mha_multihead_saved_size(c->B, L, L, E, c->H, 0, 0, &t[u].saved_bytes);
+        if (st == MHA_OK && !(t[u].saved = malloc(t[u].saved_bytes)))
+            st = MHA_ERR_NOMEM;
+    }
+    if (st != MHA_OK || (st = mha_tensor_alloc(&m->x, MHA_F32, 3, xs)) != MHA_OK ||
+        (st = mha_tensor_alloc(&m->w_in, MHA_F32, 2, wi)) != MHA_OK ||
+        (st = mha_tensor_alloc(&m->b_in, MHA_F32, 1, bi)) != MHA_OK ||
+        (st = mha_tensor_alloc(&m->w_out, MHA_F32, 2, wo)) != MHA_OK ||
+        (st = mha_tensor_alloc(&m->b_out, MHA_F32, 1, bo)) != MHA_OK) {
+        rc = cli_fail(cmd, st, "allocating the case");
+        goto done;
+    }
+    const float wamp = 1.0f / sqrtf((float)E);
+    fill(m->x.data, (size_t)(c->B * L * E), 4, 1.0f);
+    fill(m->w_in.data, (size_t)(3 * E * E), 5, wamp);
+    fill(m->b_in.data, (size_t)(3 * E), 6, 0.1f);
+    fill(m->w_out.data, (size_t)(E * E), 7, wamp);
+    fill(m->b_out.data, (size_t)E, 8, 0.1f);
+    m->w.in_proj_weight = &m->w_in, m->w.in_proj_bias = &m->b_in;
+    m->w.out_proj_weight = &m->w_out, m->w.out_proj_bias = &m->b_out;
+    mha_multihead_options_init(&m->opt);
+    m->opt.num_heads = c->H;
+    m->opt.causal = c->causal;
+    m->query = &m->x;
+    for (int u = 0; u < 2; u++) {
+        t[u].g.in_proj_weight = &t[u].dw_in, t[u].g.in_proj_bias = &t[u].db_in;
+        t[u].g.out_proj_weight = &t[u].dw_out, t[u].g.out_proj_bias = &t[u].db_out;
+    }
+    fill(t[0].dout.data, (size_t)(c->B * L * E), 9, 1.0f);
+    if (validate) {
+        mha_tensor keep_out = t[1].m.out, keep_dout = t[1].dout;
+        t[1].m = *m, t[1].m.out = keep_out, t[1].m.opt.kernel = MHA_KERNEL_REF;
+        memcpy(keep_dout.data, t[0].dout.data, sizeof(float) * (size_t)(c->B * L * E));
+        if ((st = run_mha_train(&t[1])) != MHA_OK || (st = run_mha_bwd(&t[1])) != MHA_OK) {
+            rc = cli_fail(cmd, st, "reference");
+            goto done;
+        }
+    }
+    const double attn = 4.0 * c->B * c->H * (double)L * L * c->d / (c->causal ? 2.0 : 1.0);
+    const double proj = 2.0 * c->B * L * 3 * E * E + 2.0 * c->B * L * E * E;
+    mha_kernel kinds[3] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
+    for (int kk = 0; kk < 3; kk++) {
+        mha_kernel k = kinds[kk];
+        if (cfg->kernel == 0 && k != mha_kernel_resolve(MHA_KERNEL_AUTO))
+            continue;
+        if (cfg->kernel > 0 && (int)k != cfg->kernel)
+            continue;
+        if (cfg->kernel == -1 && k == MHA_KERNEL_AVX2 &&
+            mha_kernel_resolve(MHA_KERNEL_AUTO) != MHA_KERNEL_AVX2)
+            continue;
+        if ((k == MHA_KERNEL_REF && 2.5 * attn > REF_TIME_MAX) ||
+            (k == MHA_KERNEL_SCALAR && 2.5 * attn > SCALAR_TIME_MAX)) {
+            fprintf(stderr, "mha bench: %s skipped at L=%lld (too slow to time)\n",
+                    mha_kernel_name(k), (long long)L);
+            continue;
+        }
+        m->opt.kernel = k;
+        mha_zero_grads(&t[0]);
+        double t0 = now_ms();
+        if ((st = run_mha_train(&t[0])) != MHA_OK) {
+            rc = cli_fail(cmd, st, mha_kernel_name(k));
+            goto done;
+        }
+        double fwd_first = now_ms() - t0;
+        t0 = now_ms();
+        if ((st = run_mha_bwd(&t[0])) != MHA_OK) {
+            rc = cli_fail(cmd, st, mha_kernel_name(k));
+            goto done;
+        }
+        double bwd_first = now_ms() - t0;
+        double err = NAN;
+        if (validate) {
+            err = mha_grads_err(&t[0], &t[1]);
+            if (!(err <= 1e-4)) {
+                fprintf(stderr, "mha bench: mha backward with kernel %s fails validation "
+                                "(error %g)\n", mha_kernel_name(k), err);
+                rc = CLI_INTERNAL;
+                continue;
+            }
+        } else {
+            fprintf(stderr, "mha bench: mha_bwd L=%lld not validated (reference too slow; "
+                            "--backward without --mha validates the attention part)\n",
+                    (long long)L);
+        }
+        double fwd_ms = time_median(run_mha_train, &t[0], cfg->reps, fwd_first);
+        double ms = time_median(run_mha_bwd, &t[0], cfg->reps, bwd_first);
+        emit_bwd(cfg, "mha_bwd", mha_kernel_name(k), c, ms, fwd_ms, 2.5 * attn + 2.0 * proj,
+                 err);
+    }
+done:
+    for (int u = 0; u < 2; u++) {
+        mha_tensor *all[] = {&t[u].dx, &t[u].dout, &t[u].dw_in, &t[u].db_in, &t[u].dw_out,
+                             &t[u].db_out, &t[u].m.out};
+        for (int i = 0; i < 7; i++)
+            mha_tensor_free(all[i]);
+        free(t[u].saved);
+    }
+    mha_tensor_free(&m->x), mha_tensor_free(&m->w_in), mha_tensor_free(&m->b_in);
+    mha_tensor_free(&m->w_out), mha_tensor_free(&m->b_out);
+    return rc;
+}
+
 /* ---- arguments and the default grid ------------------------------------- */
 
 static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
@@ -396,8 +749,15 @@ static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
     return true;
 }
 
+static int bench_one(const bench_cfg *cfg, const bench_case *c) {
+    if (cfg->backward)
+        return cfg->mha ? bench_mha_bwd(cfg, c) : bench_attention_bwd(cfg, c);
+    return cfg->mha ? bench_mha(cfg, c) : bench_attention(cfg, c);
+}
+
 int cli_bench(int argc, char **argv) {
-    bench_cfg cfg = {.threads = 0, .reps = 5, .json = false, .mha = false, .kernel = 0};
+    bench_cfg cfg = {.threads = 0, .reps = 5, .json = false, .mha = false, .kernel = 0,
+                     .backward = false};
     bench_case one = {1, 8, 0, 1024, 0, 64, false};
     bool shaped = false;
     static const char *int_opts[] = {"--batch", "--heads", "--kv-heads", "--seq",
@@ -410,6 +770,10 @@ int cli_bench(int argc, char **argv) {
         }
         if (!strcmp(a, "--causal")) {
             one.causal = true;
+            continue;
+        }
+        if (!strcmp(a, "--backward")) {
+            cfg.backward = true;
             continue;
         }
         if (!strcmp(a, "--json") || !strcmp(a, "--mha")) {
@@ -477,7 +841,7 @@ int cli_bench(int argc, char **argv) {
 
     int rc = CLI_OK;
     if (shaped) {
-        rc = cfg.mha ? bench_mha(&cfg, &one) : bench_attention(&cfg, &one);
+        rc = bench_one(&cfg, &one);
         return rc;
     }
     /* default grid: B, H, L, d; each non-causal and causal; a few minutes */
@@ -490,7 +854,7 @@ int cli_bench(int argc, char **argv) {
         for (int causal = 0; causal < 2; causal++) {
             bench_case c = {grid[g][0], grid[g][1], grid[g][1], grid[g][2], grid[g][2],
                             grid[g][3], causal != 0};
-            int r = cfg.mha ? bench_mha(&cfg, &c) : bench_attention(&cfg, &c);
+            int r = bench_one(&cfg, &c);
             if (r != CLI_OK)
                 rc = r;
         }

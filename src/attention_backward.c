@@ -5,7 +5,8 @@
  *
  * The problem is resolved exactly as mha_sdpa_forward resolves it (scale,
  * causal alignment, mask broadcast, key padding, dropout), then handed to
- * mha_attn_bwd_f32_ref (kernel REF) or mha_attn_bwd_f32_flash (otherwise).
+ * mha_attn_bwd_f32_ref (kernel REF), mha_attn_bwd_f32_scalar (SCALAR) or
+ * mha_attn_bwd_f32_avx2 (AVX2; AUTO picks the best the CPU runs).
  */
 #include "internal.h"
 #include "kernels/attention_bwd.h"
@@ -117,8 +118,8 @@ mha_status mha_attn_bwd_run(const mha_attn_problem *p, const mha_attn_grad *g,
         return MHA_OK; /* nothing attends: zero gradient */
     switch (mha_kernel_resolve(kernel)) {
     case MHA_KERNEL_REF: return mha_attn_bwd_f32_ref(p, g);
-    case MHA_KERNEL_SCALAR:
-    case MHA_KERNEL_AVX2: return mha_attn_bwd_f32_flash(p, g);
+    case MHA_KERNEL_SCALAR: return mha_attn_bwd_f32_scalar(p, g);
+    case MHA_KERNEL_AVX2: return mha_attn_bwd_f32_avx2(p, g);
     case MHA_KERNEL_AUTO: break;
     }
     return mha_error(MHA_ERR_VALUE, "kernel: unknown kernel %d", (int)kernel);

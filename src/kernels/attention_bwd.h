@@ -32,9 +32,50 @@ typedef struct mha_attn_grad {
  * threads split over (b, kv head) pairs, each owning its dk/dv rows. */
 mha_status mha_attn_bwd_f32_ref(const mha_attn_problem *p, const mha_attn_grad *g);
 
+/* ---- the fused backward (attention_bwd_flash.c driver) ------------------- *
+ * Tile letters: BR query rows per tile, BC keys per block, MR = 6 rows and
+ * NR = 16 columns per register block, dp = d and dvp = dv rounded up to NR.
+ * Packed panels (contiguous, 64-byte aligned): a "panel matrix" (n/NR, k, NR)
+ * holds columns [NR*p, NR*p+NR) of a (k, n) matrix as panel p, rows k
+ * contiguous within the panel, columns past n zero.
+ *
+ * The driver owns tiling, packing, masks, dropout, softcap, threads and the
+ * fixed-order reductions; an ISA supplies the two inner loops below. */
+enum {
+    MHA_BWD_MR = 6,  /* rows per register block                    */
+    MHA_BWD_NR = 16, /* columns per register block (2 YMM)         */
+    MHA_BWD_BR = 48, /* query rows per tile (8 register blocks)     */
+    MHA_BWD_BC = 96  /* keys per block (6 panels, 16 register rows) */
+};
+
+typedef struct mha_bwd_isa {
+    const char *name;
+    /* c (MR, np*NR) rows ld ldc  = (acc: c +) a (MR, k) . b (np, k, NR)
+     * where a(r, x) = a[r*rsa + x*csa] and panel p starts at b + p*pstride.
+     * The same loop serves the five products: a row-major (rsa = ld, csa = 1)
+     * or transposed (rsa = 1, csa = ld) operand. */
+    void (*gemm)(float *c, int64_t ldc, const float *a, int64_t rsa, int64_t csa,
+                 const float *b, int64_t pstride, int64_t k, int64_t np, bool acc);
+    /* One score row of a tile, in place over [0, n):
+     *   j < lim and bias[j] != -inf (bias NULL: 0):
+     *     P = exp(s*scale + bias - lse);  s = P;  dp = P (dp - D)
+     *   otherwise s = dp = 0 (exactly; NaN in s or dp is dropped). */
+    void (*row_grad)(float *s, float *dp, int64_t n, int64_t lim, float scale, const float *bias,
+                     float lse, float D);
+} mha_bwd_isa;
+
 /* Fused tiles: recomputes P from lse per (query tile, key block), never
  * builds the L x S matrix; deterministic for any thread count. */
-mha_status mha_attn_bwd_f32_flash(const mha_attn_problem *p, const mha_attn_grad *g);
+mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad *g,
+                                  const mha_bwd_isa *isa);
+/* The fused backward on the portable inner loops, and on AVX2+FMA
+ * (MHA_ERR_UNSUPPORTED when the CPU lacks them). */
+mha_status mha_attn_bwd_f32_scalar(const mha_attn_problem *p, const mha_attn_grad *g);
+mha_status mha_attn_bwd_f32_avx2(const mha_attn_problem *p, const mha_attn_grad *g);
+
+/* The AVX2+FMA inner loops (attention_bwd_avx2.c; only call when the CPU
+ * has AVX2 and FMA). */
+extern const mha_bwd_isa mha_bwd_isa_avx2;
 
 /* Runs a validated backward on the requested kernel: REF the reference,
  * SCALAR/AVX2 the fused backward (AUTO resolves as the forward does). */

@@ -32,8 +32,6 @@
 #include <omp.h>
 #endif
 
-enum { BR = 32, BC = 64, TASKS_WANTED = 16 };
-
 /* ---- row statistics -------------------------------------------------------- */
 
 /* One row in float64: lse, and delta = sum_j P_j Z_j dO.v_j when wanted. */
@@ -127,230 +125,356 @@ mha_status mha_attn_row_stats(const mha_attn_problem *p, const mha_attn_grad *g,
     return MHA_OK;
 }
 
+/* ---- portable inner loops ---------------------------------------------------- */
+
+enum { MR = MHA_BWD_MR, NR = MHA_BWD_NR, BR = MHA_BWD_BR, BC = MHA_BWD_BC, TASKS_WANTED = 16 };
+
+/* c (MR, np*NR) (+)= a (MR, k) . b (np, k, NR); see mha_bwd_isa.gemm. */
+static void gemm_scalar(float *c, int64_t ldc, const float *a, int64_t rsa, int64_t csa,
+                        const float *b, int64_t pstride, int64_t k, int64_t np, bool acc) {
+    for (int64_t pn = 0; pn < np; pn++) {
+        const float *bp = b + pn * pstride;
+        float t[MR][NR];
+        for (int r = 0; r < MR; r++)
+            for (int jj = 0; jj < NR; jj++)
+                t[r][jj] = acc ? c[r * ldc + pn * NR + jj] : 0.0f;
+        for (int64_t x = 0; x < k; x++)
+            for (int r = 0; r < MR; r++) {
+                const float av = a[r * rsa + x * csa];
+                for (int jj = 0; jj < NR; jj++)
+                    t[r][jj] += av * bp[x * NR + jj];
+            }
+        for (int r = 0; r < MR; r++)
+            memcpy(c + r * ldc + pn * NR, t[r], sizeof t[r]);
+    }
+}
+
+static void row_grad_scalar(float *s, float *dp, int64_t n, int64_t lim, float scale,
+                            const float *bias, float lse, float D) {
+    for (int64_t j = 0; j < n; j++) {
+        const float bj = bias ? bias[j] : 0.0f;
+        if (j >= lim || bj == -INFINITY) {
+            s[j] = dp[j] = 0.0f;
+            continue;
+        }
+        const float pr = expf(s[j] * scale + bj - lse);
+        s[j] = pr;
+        dp[j] = pr * (dp[j] - D);
+    }
+}
+
+static const mha_bwd_isa isa_scalar = {"scalar", gemm_scalar, row_grad_scalar};
+
+/* The same product skipping a == 0, so a NaN/Inf in b (a key, query or dO
+ * row that only masked entries touch) never meets a zero weight.  Used only
+ * for blocks holding a non-finite value; same summation order otherwise. */
+static void gemm_skip_zero(float *c, int64_t ldc, const float *a, int64_t rsa, int64_t csa,
+                           const float *b, int64_t pstride, int64_t k, int64_t np, bool acc) {
+    for (int r = 0; r < MR; r++) {
+        float *cr = c + r * ldc;
+        if (!acc)
+            memset(cr, 0, sizeof(float) * (size_t)(np * NR));
+        for (int64_t x = 0; x < k; x++) {
+            const float av = a[r * rsa + x * csa];
+            if (av == 0.0f)
+                continue;
+            for (int64_t pn = 0; pn < np; pn++)
+                for (int jj = 0; jj < NR; jj++)
+                    cr[pn * NR + jj] += av * b[pn * pstride + x * NR + jj];
+        }
+    }
+}
+
 /* ---- the fused backward ---------------------------------------------------- */
 
-/* Per-thread scratch, floats: K (BC,d), K^T (d,BC), V^T (dv,BC), dK (BC,d),
- * dV (BC,dv), Q (BR,d), dO (BR,dv), S (BR,BC), dP (BR,BC), dQ (BR,d). */
-typedef struct bwd_scratch {
-    float *k, *kt, *vt, *dk, *dv, *q, *dout, *s, *dp, *dq;
-} bwd_scratch;
+static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+static int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
 
-static size_t scratch_floats(const mha_attn_problem *p) {
-    return (size_t)(3 * BC * p->d + BC * p->dv + BC * p->dv + BR * p->d + BR * p->dv +
-                    2 * BR * BC + BR * p->d);
-}
-
-static void scratch_split(const mha_attn_problem *p, float *base, bwd_scratch *w) {
-    w->k = base, base += BC * p->d;
-    w->kt = base, base += BC * p->d;
-    w->vt = base, base += BC * p->dv;
-    w->dk = base, base += BC * p->d;
-    w->dv = base, base += BC * p->dv;
-    w->q = base, base += BR * p->d;
-    w->dout = base, base += BR * p->dv;
-    w->s = base, base += BR * BC;
-    w->dp = base, base += BR * BC;
-    w->dq = base;
-}
+/* Per-thread workspace (floats, each array on its own 64-byte line). */
+typedef struct bwd_ws {
+    float *kt;   /* (BC/NR, d, NR)  K^T panels of the key block       */
+    float *vt;   /* (BC/NR, dv, NR) V^T panels                         */
+    float *kp;   /* (dp/NR, BC, NR) K panels                           */
+    float *dk;   /* (BC, dp)  dK of the block (unscaled)               */
+    float *dv;   /* (BC, dvp) dV of the block                          */
+    float *q;    /* (BR, d)   query rows of the tile, zero past L      */
+    float *qp;   /* (dp/NR, BR, NR) Q panels                           */
+    float *dout; /* (BR, dv)  dO rows                                  */
+    float *dop;  /* (dvp/NR, BR, NR) dO panels                         */
+    float *s;    /* (BR, BC)  S, then P (times the dropout factor)     */
+    float *dp;   /* (BR, BC)  dP, then dS                              */
+    float *bias; /* (BC)      one row's additive bias                  */
+    float *dq;   /* (BR, dp)  the tile's dS K                          */
+} bwd_ws;
 
 typedef struct bwd_ctx {
     const mha_attn_problem *p;
     const mha_attn_grad *g;
+    const mha_bwd_isa *isa;
     const float *lse, *delta; /* (B*Hq*L) row statistics                     */
-    float *dq_part;           /* (nsplit, B*Hq*L, d) partial dQ, or NULL     */
-    int64_t nblk, nsplit;
+    float *dq_part;           /* (nsplit, B*Hq*L, dp) partial dQ, or NULL    */
+    int64_t nblk, nsplit, dp, dvp;
     bool plain;               /* bias is 0 or causal -inf (no mask tensors,
                                  window, key lengths, ALiBi)                 */
+    bool scalar_rows;         /* dropout or softcap: per-element epilogue    */
 } bwd_ctx;
 
+static size_t ws_layout(const bwd_ctx *c, float *base, bwd_ws *w) {
+    const int64_t d = c->p->d, dv = c->p->dv, dp = c->dp, dvp = c->dvp;
+    const size_t sizes[13] = {
+        (size_t)(BC * d), (size_t)(BC * dv), (size_t)(dp * BC), (size_t)(BC * dp),
+        (size_t)(BC * dvp), (size_t)(BR * d), (size_t)(dp * BR), (size_t)(BR * dv),
+        (size_t)(dvp * BR), (size_t)(BR * BC), (size_t)(BR * BC), BC, (size_t)(BR * dp)};
+    float **dst[13] = {&w->kt, &w->vt, &w->kp, &w->dk, &w->dv, &w->q, &w->qp,
+                       &w->dout, &w->dop, &w->s, &w->dp, &w->bias, &w->dq};
+    size_t off = 0;
+    for (int i = 0; i < 13; i++) {
+        if (base)
+            *dst[i] = base + off;
+        off += (sizes[i] + 15) / 16 * 16;
+    }
+    return off;
+}
+
+/* rows (n, k) of src (row r at src + r*rs, column x at + x*cs) into row-major
+ * dst (n, k) and panels pk (kp/NR, ld, NR); returns false on a non-finite
+ * value.  Rows n..rows_to of dst are zeroed. */
+static bool pack_rows(const float *src, int64_t rs, int64_t cs, int64_t n, int64_t k,
+                      int64_t rows_to, int64_t ld, float *dst, float *pk) {
+    bool finite = true;
+    const int64_t kp = round_up(k, NR);
+    if (k < kp)
+        for (int64_t pn = 0; pn < kp / NR; pn++)
+            memset(pk + pn * ld * NR, 0, sizeof(float) * (size_t)(ld * NR));
+    for (int64_t r = 0; r < n; r++) {
+        const float *sr = src + r * rs;
+        float *dr = dst ? dst + r * k : NULL;
+        for (int64_t x = 0; x < k; x++) {
+            const float val = sr[x * cs];
+            finite &= isfinite(val) != 0;
+            if (dr)
+                dr[x] = val;
+            pk[(x / NR) * ld * NR + r * NR + x % NR] = val;
+        }
+    }
+    if (dst && rows_to > n)
+        memset(dst + n * k, 0, sizeof(float) * (size_t)((rows_to - n) * k));
+    return finite;
+}
+
+/* K^T-style panels (n/NR, k, NR) of rows (n, k): column r of panel r/NR. */
+static bool pack_cols(const float *src, int64_t rs, int64_t cs, int64_t n, int64_t k,
+                      float *pk) {
+    bool finite = true;
+    memset(pk, 0, sizeof(float) * (size_t)(BC * k));
+    for (int64_t r = 0; r < n; r++) {
+        const float *sr = src + r * rs;
+        float *dr = pk + (r / NR) * k * NR + r % NR;
+        for (int64_t x = 0; x < k; x++) {
+            const float val = sr[x * cs];
+            finite &= isfinite(val) != 0;
+            dr[x * NR] = val;
+        }
+    }
+    return finite;
+}
+
+/* Columns of key block [j0, j0+nc) that query row i may see (causal). */
+static int64_t visible(const mha_attn_problem *p, int64_t b, int64_t i, int64_t j0, int64_t nc) {
+    if (p->causal == MHA_CAUSAL_NONE)
+        return nc;
+    return clamp64(i + mha_attn_offset(p, b) + 1 - j0, 0, nc);
+}
+
+/* Per-element epilogue with dropout and/or softcap (scalar). */
+static void row_grad_general(const bwd_ctx *c, float *s, float *dp, int64_t lim,
+                             const float *bias, float lse, float D, int64_t b, int64_t h,
+                             int64_t i, int64_t j0) {
+    const mha_attn_problem *p = c->p;
+    const float keep_scale = p->dropout ? 1.0f / (1.0f - p->dropout_p) : 1.0f;
+    for (int64_t j = 0; j < BC; j++) {
+        const float bj = bias ? bias[j] : 0.0f;
+        if (j >= lim || bj == -INFINITY) {
+            s[j] = dp[j] = 0.0f;
+            continue;
+        }
+        float sc = s[j] * p->scale, dcap = 1.0f;
+        if (p->softcap > 0.0f) { /* s = cap tanh(sc/cap): ds/dsc = 1 - tanh^2 */
+            const float t = tanhf(sc / p->softcap);
+            sc = p->softcap * t;
+            dcap = 1.0f - t * t;
+        }
+        const float pr = expf(sc + bj - lse);
+        float z = keep_scale;
+        if (p->dropout && mha_dropout_uniform(p->seed, b, h, i, j0 + j) < p->dropout_p)
+            z = 0.0f;
+        s[j] = pr * z;
+        dp[j] = (z == 0.0f ? -pr * D : pr * (z * dp[j] - D)) * dcap;
+    }
+}
+
 /* One query tile [i0, i0+nr) of head h against the packed key block
- * [j0, j0+nc): accumulates w->dk, w->dv and the split's dQ partial. */
-static void tile_backward(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, int64_t i0,
-                          int64_t nr, int64_t j0, int64_t nc, float *dq_part) {
+ * [j0, j0+nc): adds into w->dk, w->dv and the split's dQ partial. */
+static void tile_backward(const bwd_ctx *c, bwd_ws *w, int64_t b, int64_t h, int64_t i0,
+                          int64_t nr, int64_t j0, int64_t nc, bool kfinite, float *dq_part) {
     const mha_attn_problem *p = c->p;
     const mha_attn_grad *g = c->g;
-    const int64_t d = p->d, dvd = p->dv;
-    const float scale = p->scale;
-    const float keep_scale = p->dropout ? 1.0f / (1.0f - p->dropout_p) : 1.0f;
-    const float *qv = p->q.data, *dov = g->dout.data;
-    const int64_t row0 = (b * p->Hq + h) * p->L;
+    const mha_bwd_isa *isa = c->isa;
+    const int64_t d = p->d, dvd = p->dv, dp = c->dp, dvp = c->dvp;
+    const int64_t nrp = round_up(nr, MR), row0 = (b * p->Hq + h) * p->L;
 
-    /* pack Q and dO rows; S = Q K^T, dP = dO V^T */
-    for (int64_t r = 0; r < nr; r++) {
+    /* pack Q and dO: row-major (A of S, dP) and panels (B of dK, dV) */
+    const float *qsrc = (const float *)p->q.data + b * p->q.stride[0] + h * p->q.stride[1] +
+                        i0 * p->q.stride[2];
+    const float *osrc = (const float *)g->dout.data + b * g->dout.stride[0] +
+                        h * g->dout.stride[1] + i0 * g->dout.stride[2];
+    const bool qfinite = pack_rows(qsrc, p->q.stride[2], p->q.stride[3], nr, d, nrp, BR, w->q,
+                                   w->qp);
+    const bool ofinite = pack_rows(osrc, g->dout.stride[2], g->dout.stride[3], nr, dvd, nrp, BR,
+                                   w->dout, w->dop);
+
+    /* S = Q K^T, dP = dO V^T per group of MR rows, only over the panels the
+     * group's last row can see */
+    int64_t ncv = 0; /* columns any row of the tile sees */
+    for (int64_t g0 = 0; g0 < nrp; g0 += MR) {
+        const int64_t ng = visible(p, b, i0 + (g0 + MR < nr ? g0 + MR : nr) - 1, j0, nc);
+        if (ng == 0)
+            continue;
+        const int64_t np = (ng + NR - 1) / NR;
+        isa->gemm(w->s + g0 * BC, BC, w->q + g0 * d, d, 1, w->kt, d * NR, d, np, false);
+        isa->gemm(w->dp + g0 * BC, BC, w->dout + g0 * dvd, dvd, 1, w->vt, dvd * NR, dvd, np,
+                  false);
+        ncv = ng > ncv ? ng : ncv;
+    }
+    if (ncv == 0)
+        return;
+
+    /* P (times Z) into s, dS into dp; every column of every row is written */
+    for (int64_t r = 0; r < nrp; r++) {
+        float *s = w->s + r * BC, *dpr = w->dp + r * BC;
         const int64_t i = i0 + r;
-        const int64_t q0 = b * p->q.stride[0] + h * p->q.stride[1] + i * p->q.stride[2];
-        const int64_t o0 = b * g->dout.stride[0] + h * g->dout.stride[1] + i * g->dout.stride[2];
+        const float lse = r < nr ? c->lse[row0 + i] : -INFINITY;
+        const float D = r < nr ? c->delta[row0 + i] : 0.0f;
+        int64_t lim = r < nr && lse != -INFINITY ? visible(p, b, i, j0, nc) : 0;
+        const float *bias = NULL;
+        if (lim > 0 && !c->plain) {
+            for (int64_t j = 0; j < lim; j++)
+                w->bias[j] = mha_attn_bias(p, b, h, i, j0 + j);
+            bias = w->bias;
+        }
+        if (c->scalar_rows && lim > 0)
+            row_grad_general(c, s, dpr, lim, bias, lse, D, b, h, i, j0);
+        else
+            isa->row_grad(s, dpr, BC, lim, p->scale, bias, lse, D);
+    }
+
+    /* dV += (P Z)^T dO and dK += dS^T Q over the key rows some query sees;
+     * dQ_tile = dS K.  A block or tile holding a non-finite value takes the
+     * zero-skipping loop, so masked entries never multiply it. */
+    const int64_t ncvp = round_up(ncv, MR);
+    for (int64_t k0 = 0; k0 < ncvp; k0 += MR) {
+        (ofinite ? isa->gemm : gemm_skip_zero)(w->dv + k0 * dvp, dvp, w->s + k0, 1, BC, w->dop,
+                                                BR * NR, nr, dvp / NR, true);
+        (qfinite ? isa->gemm : gemm_skip_zero)(w->dk + k0 * dp, dp, w->dp + k0, 1, BC, w->qp,
+                                                BR * NR, nr, dp / NR, true);
+    }
+    if (!dq_part)
+        return;
+    for (int64_t g0 = 0; g0 < nrp; g0 += MR)
+        (kfinite ? isa->gemm : gemm_skip_zero)(w->dq + g0 * dp, dp, w->dp + g0 * BC, BC, 1,
+                                                w->kp, BC * NR, ncv, dp / NR, false);
+    for (int64_t r = 0; r < nr; r++) {
+        float *dst = dq_part + (row0 + i0 + r) * dp;
+        const float *src = w->dq + r * dp;
+#pragma omp simd
         for (int64_t x = 0; x < d; x++)
-            w->q[r * d + x] = qv[q0 + x * p->q.stride[3]];
-        for (int64_t x = 0; x < dvd; x++)
-            w->dout[r * dvd + x] = dov[o0 + x * g->dout.stride[3]];
-        float *s = w->s + r * BC, *dp = w->dp + r * BC;
-        memset(s, 0, sizeof(float) * BC);
-        memset(dp, 0, sizeof(float) * BC);
-        for (int64_t x = 0; x < d; x++) {
-            const float a = w->q[r * d + x], *kt = w->kt + x * BC;
-#pragma omp simd
-            for (int jj = 0; jj < BC; jj++)
-                s[jj] += a * kt[jj];
-        }
-        for (int64_t x = 0; x < dvd; x++) {
-            const float a = w->dout[r * dvd + x], *vt = w->vt + x * BC;
-#pragma omp simd
-            for (int jj = 0; jj < BC; jj++)
-                dp[jj] += a * vt[jj];
-        }
-    }
-
-    /* P, dS (into s); dV += (P Z)^T dO */
-    for (int64_t r = 0; r < nr; r++) {
-        const int64_t i = i0 + r;
-        const float lse = c->lse[row0 + i], D = c->delta[row0 + i];
-        float *s = w->s + r * BC;
-        const float *dp = w->dp + r * BC;
-        int64_t lim = nc; /* columns visible under causal */
-        if (p->causal != MHA_CAUSAL_NONE) {
-            int64_t last = i + mha_attn_offset(p, b) - j0; /* last visible column */
-            lim = last < 0 ? 0 : last + 1 < nc ? last + 1 : nc;
-        }
-        if (lse == -INFINITY)
-            lim = 0; /* fully masked row */
-        for (int64_t jj = 0; jj < BC; jj++) {
-            float bias = 0.0f;
-            if (jj < lim && !c->plain)
-                bias = mha_attn_bias(p, b, h, i, j0 + jj);
-            if (jj >= lim || bias == -INFINITY) {
-                s[jj] = 0.0f;
-                continue;
-            }
-            float sc = s[jj] * scale, dcap = 1.0f;
-            if (p->softcap > 0.0f) { /* s = cap tanh(sc/cap): ds/dsc = 1 - tanh^2 */
-                float t = tanhf(sc / p->softcap);
-                sc = p->softcap * t;
-                dcap = 1.0f - t * t;
-            }
-            float pr = expf(sc + bias - lse);
-            float z = keep_scale;
-            if (p->dropout && mha_dropout_uniform(p->seed, b, h, i, j0 + jj) < p->dropout_p)
-                z = 0.0f;
-            const float pz = pr * z;
-            if (pz != 0.0f) {
-                float *dvr = w->dv + jj * dvd;
-                const float *dor = w->dout + r * dvd;
-#pragma omp simd
-                for (int64_t x = 0; x < dvd; x++)
-                    dvr[x] += pz * dor[x];
-            }
-            s[jj] = pr * (z * dp[jj] - D) * dcap;
-        }
-    }
-
-    /* dK += dS^T Q, dQ += dS K (scale applied when the block/row is stored) */
-    for (int64_t r = 0; r < nr; r++) {
-        const float *s = w->s + r * BC, *qr = w->q + r * d;
-        float *dqr = w->dq + r * d;
-        memset(dqr, 0, sizeof(float) * (size_t)d);
-        for (int64_t jj = 0; jj < nc; jj++) {
-            const float ds = s[jj];
-            if (ds == 0.0f)
-                continue; /* masked or exactly zero: skip, never 0 * Inf */
-            float *dkr = w->dk + jj * d;
-            const float *kr = w->k + jj * d;
-#pragma omp simd
-            for (int64_t x = 0; x < d; x++) {
-                dkr[x] += ds * qr[x];
-                dqr[x] += ds * kr[x];
-            }
-        }
-        if (dq_part) {
-            float *dst = dq_part + (row0 + i0 + r) * d;
-#pragma omp simd
-            for (int64_t x = 0; x < d; x++)
-                dst[x] += scale * dqr[x];
-        }
+            dst[x] += p->scale * src[x];
     }
 }
 
 /* Task (b, kv head hk, split): key blocks [lo, hi). */
-static void task_backward(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t hk, int64_t split) {
+static void task_backward(const bwd_ctx *c, bwd_ws *w, int64_t b, int64_t hk, int64_t split) {
     const mha_attn_problem *p = c->p;
     const mha_attn_grad *g = c->g;
-    const int64_t d = p->d, dvd = p->dv, G = p->Hq / p->Hkv;
+    const int64_t d = p->d, dvd = p->dv, G = p->Hq / p->Hkv, dp = c->dp, dvp = c->dvp;
     const int64_t lo = c->nblk * split / c->nsplit, hi = c->nblk * (split + 1) / c->nsplit;
-    float *dq_part = c->dq_part ? c->dq_part + split * (p->B * p->Hq * p->L * d) : NULL;
-    const float *kv = p->k.data, *vv = p->v.data;
-    const int64_t k0 = b * p->k.stride[0] + hk * p->k.stride[1];
-    const int64_t v0 = b * p->v.stride[0] + hk * p->v.stride[1];
+    float *dq_part = c->dq_part ? c->dq_part + split * (p->B * p->Hq * p->L * dp) : NULL;
+    const float *kbase = (const float *)p->k.data + b * p->k.stride[0] + hk * p->k.stride[1];
+    const float *vbase = (const float *)p->v.data + b * p->v.stride[0] + hk * p->v.stride[1];
 
     for (int64_t blk = lo; blk < hi; blk++) {
         const int64_t j0 = blk * BC, nc = p->S - j0 < BC ? p->S - j0 : BC;
-        memset(w->kt, 0, sizeof(float) * (size_t)(BC * d));
-        memset(w->vt, 0, sizeof(float) * (size_t)(BC * dvd));
-        memset(w->dk, 0, sizeof(float) * (size_t)(BC * d));
-        memset(w->dv, 0, sizeof(float) * (size_t)(BC * dvd));
-        for (int64_t jj = 0; jj < nc; jj++) {
-            for (int64_t x = 0; x < d; x++) {
-                float val = kv[k0 + (j0 + jj) * p->k.stride[2] + x * p->k.stride[3]];
-                w->k[jj * d + x] = val;
-                w->kt[x * BC + jj] = val;
-            }
-            for (int64_t x = 0; x < dvd; x++)
-                w->vt[x * BC + jj] = vv[v0 + (j0 + jj) * p->v.stride[2] + x * p->v.stride[3]];
-        }
-        /* a non-finite K/V value in a column some row masks must not leak
-         * through S or dP into other columns: each column's S/dP entry only
-         * depends on its own key, and masked columns are zeroed per element. */
+        const float *ksrc = kbase + j0 * p->k.stride[2], *vsrc = vbase + j0 * p->v.stride[2];
+        bool kfinite = pack_cols(ksrc, p->k.stride[2], p->k.stride[3], nc, d, w->kt);
+        pack_cols(vsrc, p->v.stride[2], p->v.stride[3], nc, dvd, w->vt);
+        /* (a non-finite V only reaches dP columns of its own key, which the
+         * epilogue replaces with 0 where masked) */
+        kfinite &= pack_rows(ksrc, p->k.stride[2], p->k.stride[3], nc, d, 0, BC, NULL, w->kp);
+        if (nc < BC) /* rows past S of the K panels */
+            for (int64_t pn = 0; pn < dp / NR; pn++)
+                memset(w->kp + pn * BC * NR + nc * NR, 0, sizeof(float) * (size_t)((BC - nc) * NR));
+        memset(w->dk, 0, sizeof(float) * (size_t)(BC * dp));
+        memset(w->dv, 0, sizeof(float) * (size_t)(BC * dvp));
         for (int64_t h = hk * G; h < (hk + 1) * G; h++)
             for (int64_t i0 = 0; i0 < p->L; i0 += BR) {
                 const int64_t nr = p->L - i0 < BR ? p->L - i0 : BR;
                 if (p->causal != MHA_CAUSAL_NONE && j0 > i0 + nr - 1 + mha_attn_offset(p, b))
                     continue; /* the whole tile is above the diagonal */
-                tile_backward(c, w, b, h, i0, nr, j0, nc, dq_part);
+                tile_backward(c, w, b, h, i0, nr, j0, nc, kfinite, dq_part);
             }
         if (g->dk.data) {
-            float *dst = g->dk.data;
+            float *dst = (float *)g->dk.data + b * g->dk.stride[0] + hk * g->dk.stride[1];
             for (int64_t jj = 0; jj < nc; jj++)
                 for (int64_t x = 0; x < d; x++)
-                    dst[b * g->dk.stride[0] + hk * g->dk.stride[1] + (j0 + jj) * g->dk.stride[2] +
-                        x * g->dk.stride[3]] += p->scale * w->dk[jj * d + x];
+                    dst[(j0 + jj) * g->dk.stride[2] + x * g->dk.stride[3]] +=
+                        p->scale * w->dk[jj * dp + x];
         }
         if (g->dv.data) {
-            float *dst = g->dv.data;
+            float *dst = (float *)g->dv.data + b * g->dv.stride[0] + hk * g->dv.stride[1];
             for (int64_t jj = 0; jj < nc; jj++)
                 for (int64_t x = 0; x < dvd; x++)
-                    dst[b * g->dv.stride[0] + hk * g->dv.stride[1] + (j0 + jj) * g->dv.stride[2] +
-                        x * g->dv.stride[3]] += w->dv[jj * dvd + x];
+                    dst[(j0 + jj) * g->dv.stride[2] + x * g->dv.stride[3]] += w->dv[jj * dvp + x];
         }
     }
 }
 
-mha_status mha_attn_bwd_f32_flash(const mha_attn_problem *p, const mha_attn_grad *g) {
+mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad *g,
+                                  const mha_bwd_isa *isa) {
     const int64_t rows = p->B * p->Hq * p->L, pairs = p->B * p->Hkv;
     if (rows == 0 || p->S == 0)
         return MHA_OK; /* no key: every row fully masked, zero gradient */
     const int nthreads = mha_threads();
     bwd_ctx c;
     memset(&c, 0, sizeof c);
-    c.p = p, c.g = g;
+    c.p = p, c.g = g, c.isa = isa;
     c.plain = p->mask.data == NULL && p->kpm.data == NULL && !p->window &&
               p->kv_len.data == NULL && p->alibi.data == NULL;
+    c.scalar_rows = p->dropout || p->softcap > 0.0f;
+    c.dp = round_up(p->d, NR), c.dvp = round_up(p->dv, NR);
     c.nblk = (p->S + BC - 1) / BC;
     c.nsplit = 1;
-    if (pairs < TASKS_WANTED) {
+    if (pairs < TASKS_WANTED) { /* a function of the problem, never of threads */
         c.nsplit = (TASKS_WANTED + pairs - 1) / pairs;
         if (c.nsplit > c.nblk)
             c.nsplit = c.nblk;
     }
 
-    /* one allocation: lse, delta (rows each), dQ partials, thread scratch */
-    const size_t per = scratch_floats(p);
-    const size_t n_part = g->dq.data ? (size_t)c.nsplit * (size_t)rows * (size_t)p->d : 0;
-    size_t total = 2 * (size_t)rows + n_part + per * (size_t)nthreads;
+    /* one allocation: lse, delta (rows each), dQ partials, thread workspace */
+    const size_t per = ws_layout(&c, NULL, &(bwd_ws){0});
+    size_t n_part = 0, n_ws = 0, total = 0;
+    MHA_CHECK(!mha_size_mul_overflows((size_t)c.nsplit * (size_t)rows, (size_t)c.dp, &n_part) &&
+                  !mha_size_mul_overflows(per, (size_t)nthreads, &n_ws) &&
+                  !__builtin_add_overflow(n_part, n_ws, &total) &&
+                  !__builtin_add_overflow(total, 2 * (size_t)rows + 16, &total),
+              MHA_ERR_OVERFLOW, "attention backward: workspace size overflows");
+    if (!g->dq.data)
+        total -= n_part, n_part = 0;
     float *buf = mha_malloc(sizeof(float) * total);
     if (!buf)
         return mha_error(MHA_ERR_NOMEM, "attention backward: cannot allocate %zu floats", total);
     float *lse = buf, *delta = buf + rows;
-    c.dq_part = n_part ? delta + rows : NULL;
-    float *scratch = delta + rows + n_part;
+    float *scratch = buf + round_up(2 * rows, 16); /* 64-byte aligned */
+    c.dq_part = n_part ? scratch + n_ws : NULL;
     if (n_part)
         memset(c.dq_part, 0, sizeof(float) * n_part);
 
@@ -389,8 +513,8 @@ mha_status mha_attn_bwd_f32_flash(const mha_attn_problem *p, const mha_attn_grad
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        bwd_scratch w;
-        scratch_split(p, scratch + (size_t)tid * per, &w);
+        bwd_ws w;
+        ws_layout(&c, scratch + (size_t)tid * per, &w);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tasks; t++) {
             int64_t split = t % c.nsplit, pair = t / c.nsplit;
@@ -407,11 +531,21 @@ mha_status mha_attn_bwd_f32_flash(const mha_attn_problem *p, const mha_attn_grad
             for (int64_t x = 0; x < p->d; x++) {
                 float acc = 0.0f;
                 for (int64_t s = 0; s < c.nsplit; s++)
-                    acc += c.dq_part[(s * rows + r) * p->d + x];
+                    acc += c.dq_part[(s * rows + r) * c.dp + x];
                 dq[q0 + x * g->dq.stride[3]] += acc;
             }
         }
     }
     mha_free(buf);
     return MHA_OK;
+}
+
+mha_status mha_attn_bwd_f32_scalar(const mha_attn_problem *p, const mha_attn_grad *g) {
+    return mha_attn_bwd_flash_run(p, g, &isa_scalar);
+}
+
+mha_status mha_attn_bwd_f32_avx2(const mha_attn_problem *p, const mha_attn_grad *g) {
+    MHA_CHECK(mha_attn_best_kernel() == MHA_KERNEL_AVX2, MHA_ERR_UNSUPPORTED,
+              "kernel: avx2 requested but this CPU lacks AVX2/FMA");
+    return mha_attn_bwd_flash_run(p, g, &mha_bwd_isa_avx2);
 }

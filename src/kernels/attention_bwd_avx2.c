@@ -1,0 +1,125 @@
+/* attention_bwd_avx2.c - AVX2+FMA inner loops of the fused attention backward.
+ *
+ * Letter legend and packed layouts: see attention_bwd.h (MR = 6 rows,
+ * NR = 16 columns = 2 YMM, BR query rows per tile, BC keys per block).
+ * The portable versions (gemm_scalar, row_grad_scalar) and the driver are in
+ * attention_bwd_flash.c.  Compiled with -mavx2 -mfma; only reached after a
+ * run-time CPU check.
+ *
+ * One register-blocked product serves all five GEMMs of the backward
+ * (S = Q K^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q, dQ = dS K): the A
+ * operand is read through a row and a column stride, so P^T and dS^T are
+ * broadcast straight from the row-major score tile without a transpose.
+ * ref: Goto & van de Geijn, "Anatomy of High-Performance Matrix
+ * Multiplication", ACM TOMS 34(3), 2008 (BLIS sgemm haswell 6x16):
+ * 12 accumulators + 2 panel loads + 1 broadcast = 15 of 16 YMM registers.
+ */
+#include "attention_bwd.h"
+
+#include <immintrin.h>
+#include <math.h>
+
+enum { MR = MHA_BWD_MR, NR = MHA_BWD_NR };
+
+/* c (MR, np*NR) (+)= a (MR, k) . b (np, k, NR), a(r,x) = a[r*rsa + x*csa] */
+static void gemm_avx2(float *c, int64_t ldc, const float *a, int64_t rsa, int64_t csa,
+                      const float *b, int64_t pstride, int64_t k, int64_t np, bool acc) {
+    for (int64_t pn = 0; pn < np; pn++) {
+        const float *bp = b + pn * pstride;
+        float *o = c + pn * NR;
+        __m256 a00, a01, a10, a11, a20, a21, a30, a31, a40, a41, a50, a51;
+        if (acc) {
+            a00 = _mm256_loadu_ps(o), a01 = _mm256_loadu_ps(o + 8);
+            a10 = _mm256_loadu_ps(o + ldc), a11 = _mm256_loadu_ps(o + ldc + 8);
+            a20 = _mm256_loadu_ps(o + 2 * ldc), a21 = _mm256_loadu_ps(o + 2 * ldc + 8);
+            a30 = _mm256_loadu_ps(o + 3 * ldc), a31 = _mm256_loadu_ps(o + 3 * ldc + 8);
+            a40 = _mm256_loadu_ps(o + 4 * ldc), a41 = _mm256_loadu_ps(o + 4 * ldc + 8);
+            a50 = _mm256_loadu_ps(o + 5 * ldc), a51 = _mm256_loadu_ps(o + 5 * ldc + 8);
+        } else {
+            a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00;
+            a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00;
+        }
+        const float *x0 = a, *x1 = a + rsa, *x2 = a + 2 * rsa, *x3 = a + 3 * rsa,
+                    *x4 = a + 4 * rsa, *x5 = a + 5 * rsa;
+        for (int64_t x = 0; x < k; x++) {
+            const int64_t ax = x * csa;
+            __m256 b0 = _mm256_load_ps(bp + x * NR), b1 = _mm256_load_ps(bp + x * NR + 8), t;
+            t = _mm256_broadcast_ss(x0 + ax);
+            a00 = _mm256_fmadd_ps(t, b0, a00), a01 = _mm256_fmadd_ps(t, b1, a01);
+            t = _mm256_broadcast_ss(x1 + ax);
+            a10 = _mm256_fmadd_ps(t, b0, a10), a11 = _mm256_fmadd_ps(t, b1, a11);
+            t = _mm256_broadcast_ss(x2 + ax);
+            a20 = _mm256_fmadd_ps(t, b0, a20), a21 = _mm256_fmadd_ps(t, b1, a21);
+            t = _mm256_broadcast_ss(x3 + ax);
+            a30 = _mm256_fmadd_ps(t, b0, a30), a31 = _mm256_fmadd_ps(t, b1, a31);
+            t = _mm256_broadcast_ss(x4 + ax);
+            a40 = _mm256_fmadd_ps(t, b0, a40), a41 = _mm256_fmadd_ps(t, b1, a41);
+            t = _mm256_broadcast_ss(x5 + ax);
+            a50 = _mm256_fmadd_ps(t, b0, a50), a51 = _mm256_fmadd_ps(t, b1, a51);
+        }
+        _mm256_storeu_ps(o, a00), _mm256_storeu_ps(o + 8, a01), o += ldc;
+        _mm256_storeu_ps(o, a10), _mm256_storeu_ps(o + 8, a11), o += ldc;
+        _mm256_storeu_ps(o, a20), _mm256_storeu_ps(o + 8, a21), o += ldc;
+        _mm256_storeu_ps(o, a30), _mm256_storeu_ps(o + 8, a31), o += ldc;
+        _mm256_storeu_ps(o, a40), _mm256_storeu_ps(o + 8, a41), o += ldc;
+        _mm256_storeu_ps(o, a50), _mm256_storeu_ps(o + 8, a51);
+    }
+}
+
+/* exp(x) for x <= ~88 (and NaN): Cephes expf, error about 1-2 ulp; the same
+ * polynomial as the forward's (attention_flash_avx2.c, kept static there).
+ * ref: S. L. Moshier, Cephes Math Library, expf.c.  Inputs below -87.33
+ * give 0 (no denormals). */
+static inline __m256 exp256(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f);
+    const __m256 hi = _mm256_set1_ps(88.3762626647949f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(hi, x); /* operand order keeps NaN */
+    x = _mm256_max_ps(lo, x);
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
+                                               _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)),
+                                  23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+
+/* See mha_bwd_isa.row_grad: P = exp(s*scale + bias - lse), dS = P (dP - D);
+ * exactly 0 past lim and where bias is -inf (a blend, never a multiply, so
+ * NaN in a masked score is dropped).  n is a multiple of 8. */
+static void row_grad_avx2(float *s, float *dp, int64_t n, int64_t lim, float scale,
+                          const float *bias, float lse, float D) {
+    const __m256 vs = _mm256_set1_ps(scale), vl = _mm256_set1_ps(lse), vd = _mm256_set1_ps(D);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    int64_t j = 0;
+    for (; j < lim; j += 8) {
+        __m256 x = _mm256_fmsub_ps(_mm256_loadu_ps(s + j), vs, vl);
+        __m256 keep = _mm256_castsi256_ps(
+            _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(lim - j)), lane));
+        if (bias) {
+            __m256 bv = _mm256_loadu_ps(bias + j); /* lanes past lim: stale, masked by keep */
+            keep = _mm256_and_ps(keep, _mm256_cmp_ps(bv, ninf, _CMP_NEQ_UQ));
+            x = _mm256_add_ps(x, bv);
+        }
+        __m256 pr = exp256(x);
+        __m256 ds = _mm256_mul_ps(pr, _mm256_sub_ps(_mm256_loadu_ps(dp + j), vd));
+        _mm256_storeu_ps(s + j, _mm256_blendv_ps(zero, pr, keep));
+        _mm256_storeu_ps(dp + j, _mm256_blendv_ps(zero, ds, keep));
+    }
+    for (; j < n; j += 8) {
+        _mm256_storeu_ps(s + j, zero);
+        _mm256_storeu_ps(dp + j, zero);
+    }
+}
+
+const mha_bwd_isa mha_bwd_isa_avx2 = {"avx2", gemm_avx2, row_grad_avx2};

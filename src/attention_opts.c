@@ -165,9 +165,8 @@ mha_status mha_attn_check_modern(mha_attn_problem *p, const mha_sdpa_options *op
 }
 
 bool mha_attn_needs_ref(const mha_attn_problem *p) {
-    /* Every option beyond the classic set, until the fused kernels take them
-     * (issue 6); float64 softmax stays with the reference by design. */
-    return p->softmax_f64 || p->softcap > 0.0f || p->window || p->offsets.data ||
-           p->kv_len.data || p->alibi.data || p->sinks.data || p->lse.data || p->qk.data ||
-           p->onnx_scale;
+    /* The fused kernels serve every option but two: float64 softmax (the
+     * reference's by design) and the ONNX debug outputs of modes 0-2, which
+     * need the scores of masked keys too (mode 3 is the weights, fused). */
+    return p->softmax_f64 || (p->qk.data && p->qk_mode < 3);
 }

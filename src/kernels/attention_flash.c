@@ -124,7 +124,9 @@ typedef struct flash_plan {
     int64_t nqb, nkb;   /* query tiles, key blocks                         */
     int64_t dvp;        /* dv rounded up to NR                             */
     int64_t pair_floats;/* packed K and V of one (b, kv head)              */
-    bool has_bias;      /* a mask or key padding mask is present            */
+    bool has_bias;      /* a mask, key padding, window, key lengths or ALiBi */
+    bool ext_bias;      /* window, key lengths or ALiBi: mha_attn_bias      */
+    float scale;        /* of the product (1 with the ONNX scale: packed in) */
     size_t ws_floats;   /* per-thread workspace                             */
 } flash_plan;
 
@@ -144,8 +146,12 @@ static bool pack_kv_block(const flash_plan *pl, int64_t b, int64_t hk, int64_t k
     for (int64_t j = 0; j < n; j++) {
         const float *kr = k + (j0 + j) * p->k.stride[2];
         float *kd = kp + (j / NR) * d * NR + j % NR;
-        for (int64_t c = 0; c < d; c++)
-            kd[c * NR] = kr[c * p->k.stride[3]];
+        if (p->onnx_scale) /* ONNX: k * sqrt(scale), rounded, as the reference */
+            for (int64_t c = 0; c < d; c++)
+                kd[c * NR] = kr[c * p->k.stride[3]] * p->qk_scale;
+        else
+            for (int64_t c = 0; c < d; c++)
+                kd[c * NR] = kr[c * p->k.stride[3]];
         const float *vr = v + (j0 + j) * p->v.stride[2];
         for (int64_t c = 0; c < dv; c++) {
             float x = vr[c * p->v.stride[3]];
@@ -182,15 +188,22 @@ static size_t ws_layout(const flash_plan *pl, float *base, flash_ws *w) {
 
 /* bias (rows, BC) of key block j0..j0+n for query rows i0..: mask + key
  * padding; returns false when every entry a row can see is -inf. */
-static bool build_bias(const mha_attn_problem *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                       int64_t j0, int64_t n, float *bias) {
+static bool build_bias(const mha_attn_problem *p, bool ext, int64_t b, int64_t h, int64_t i0,
+                       int64_t rows, int64_t j0, int64_t n, float *bias) {
     bool live = false;
     for (int64_t r = 0; r < rows; r++) {
         const int64_t i = i0 + r;
         int64_t lim = n;
         if (p->causal != MHA_CAUSAL_NONE)
-            lim = clamp64(i + p->causal_offset + 1 - j0, 0, n);
+            lim = clamp64(i + mha_attn_offset(p, b) + 1 - j0, 0, n);
         float *br = bias + r * BC;
+        if (ext) { /* window, key lengths, ALiBi: the shared definition */
+            for (int64_t j = 0; j < lim; j++) {
+                br[j] = mha_attn_bias(p, b, h, i, j0 + j);
+                live |= br[j] != -INFINITY;
+            }
+            continue;
+        }
         for (int64_t j = 0; j < lim; j++) {
             float x = 0.0f;
             if (p->mask.data) {
@@ -209,14 +222,39 @@ static bool build_bias(const mha_attn_problem *p, int64_t b, int64_t h, int64_t 
 }
 
 /* Columns of the block that row group g0.. (rows i0+g0 .. i0+g1-1) may see. */
-static int64_t group_cols(const mha_attn_problem *p, int64_t i_last, int64_t j0, int64_t n) {
+static int64_t group_cols(const mha_attn_problem *p, int64_t b, int64_t i_last, int64_t j0,
+                          int64_t n) {
     if (p->causal == MHA_CAUSAL_NONE)
         return n;
-    return clamp64(i_last + p->causal_offset + 1 - j0, 0, n);
+    return clamp64(i_last + mha_attn_offset(p, b) + 1 - j0, 0, n);
 }
 
-static int64_t row_lim(const mha_attn_problem *p, int64_t i, int64_t j0, int64_t n) {
-    return group_cols(p, i, j0, n);
+static int64_t row_lim(const mha_attn_problem *p, int64_t b, int64_t i, int64_t j0, int64_t n) {
+    return group_cols(p, b, i, j0, n);
+}
+
+/* Row scores with softcap between the scale and the bias (the ISA's
+ * row_scores when there is no softcap). */
+static float row_scores_any(const flash_plan *pl, float *s, int64_t n, int64_t lim,
+                            const float *bias) {
+    const float cap = pl->p->softcap;
+    if (!(cap > 0.0f))
+        return pl->isa->row_scores(s, n, lim, pl->scale, bias);
+    float mx = -INFINITY;
+    bool nan = false;
+    for (int64_t j = 0; j < lim; j++) {
+        float x = mha_attn_softcap(s[j] * pl->scale, cap);
+        if (bias)
+            x = bias[j] == -INFINITY ? -INFINITY : x + bias[j];
+        s[j] = x;
+        if (isnan(x))
+            nan = true;
+        else if (x > mx)
+            mx = x;
+    }
+    for (int64_t j = lim; j < n; j++)
+        s[j] = -INFINITY;
+    return nan ? NAN : mx;
 }
 
 /* S block for rows 0..rows of the tile: fills s, applies the epilogue per
@@ -226,12 +264,12 @@ static bool score_block(const flash_plan *pl, const flash_ws *w, int64_t b, int6
                         int64_t i0, int64_t rows, int64_t kb, const float *kp, int64_t *ncg) {
     const mha_attn_problem *p = pl->p;
     const int64_t j0 = kb * BC, n = p->S - j0 < BC ? p->S - j0 : BC, d = p->d;
-    if (pl->has_bias && !build_bias(p, b, h, i0, rows, j0, n, w->bias))
+    if (pl->has_bias && !build_bias(p, pl->ext_bias, b, h, i0, rows, j0, n, w->bias))
         return false;
     bool any = false;
     for (int64_t g0 = 0, g = 0; g0 < rows; g0 += MR, g++) {
         int64_t g1 = g0 + MR < rows ? g0 + MR : rows;
-        ncg[g] = group_cols(p, i0 + g1 - 1, j0, n);
+        ncg[g] = group_cols(p, b, i0 + g1 - 1, j0, n);
         if (ncg[g] > 0) {
             pl->isa->qk(w->s + g0 * BC, BC, w->qp + g0 * d, d, kp, d, (ncg[g] + NR - 1) / NR);
             any = true;
@@ -250,9 +288,11 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
 
     /* pack the query tile (zero rows up to a whole register block) */
     const float *q = (const float *)p->q.data + b * p->q.stride[0] + h * p->q.stride[1];
+    const float qs = p->onnx_scale ? p->qk_scale : 1.0f; /* ONNX: q * sqrt(scale) */
     for (int64_t r = 0; r < rowsp; r++)
         for (int64_t c = 0; c < d; c++)
-            w->qp[r * d + c] = r < rows ? q[(i0 + r) * p->q.stride[2] + c * p->q.stride[3]] : 0.0f;
+            w->qp[r * d + c] =
+                r < rows ? q[(i0 + r) * p->q.stride[2] + c * p->q.stride[3]] * qs : 0.0f;
     memset(w->o, 0, sizeof(float) * (size_t)(rowsp * dvp));
     for (int64_t r = 0; r < rows; r++)
         w->m[r] = -INFINITY, w->l[r] = 0.0f;
@@ -260,8 +300,13 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
     /* the last key any row of the tile can see under causal masking */
     int64_t nkb = pl->nkb;
     if (p->causal != MHA_CAUSAL_NONE) {
-        int64_t last = i0 + rows - 1 + p->causal_offset; /* may be < 0 */
+        int64_t last = i0 + rows - 1 + mha_attn_offset(p, b); /* may be < 0 */
         nkb = last < 0 ? 0 : (last < p->S ? last / BC + 1 : pl->nkb);
+    }
+    if (p->kv_len.data) { /* keys j >= S_b are masked: skip their blocks */
+        int64_t sb = mha_attn_kv_len(p, b);
+        int64_t kbl = sb <= 0 ? 0 : (sb < p->S ? (sb + BC - 1) / BC : pl->nkb);
+        nkb = kbl < nkb ? kbl : nkb;
     }
     const float keep = p->dropout ? 1.0f / (1.0f - p->dropout_p) : 1.0f;
 
@@ -274,8 +319,8 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
             if (ng == 0)
                 continue;
             float *sr = w->s + r * BC;
-            float mb = pl->isa->row_scores(sr, ng, row_lim(p, i0 + r, j0, ng), p->scale,
-                                           pl->has_bias ? w->bias + r * BC : NULL);
+            float mb = row_scores_any(pl, sr, ng, row_lim(p, b, i0 + r, j0, ng),
+                                      pl->has_bias ? w->bias + r * BC : NULL);
             float mold = w->m[r];
             float mnew = (isnan(mold) || isnan(mb)) ? NAN : (mb > mold ? mb : mold);
             if (mnew == -INFINITY) { /* nothing visible yet: all masked */
@@ -322,6 +367,27 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
         }
     }
 
+    /* the sink joins the denominator (and the max); then the LSE */
+    for (int64_t r = 0; r < rows && p->sinks.data; r++) {
+        if (w->m[r] == -INFINITY || isnan(w->m[r]))
+            continue; /* dead rows stay dead; NaN stays NaN */
+        const float sink = ((const float *)p->sinks.data)[h * p->sinks.stride[0]];
+        if (sink > w->m[r]) {
+            float alpha = expf(w->m[r] - sink);
+            for (int64_t c = 0; c < dvp; c++)
+                w->o[r * dvp + c] *= alpha;
+            w->l[r] *= alpha;
+            w->m[r] = sink;
+        }
+        w->l[r] += expf(sink - w->m[r]);
+    }
+    if (p->lse.data) {
+        float *lse = (float *)p->lse.data + b * p->lse.stride[0] + h * p->lse.stride[1];
+        for (int64_t r = 0; r < rows; r++)
+            lse[(i0 + r) * p->lse.stride[2]] =
+                w->m[r] == -INFINITY ? -INFINITY : w->m[r] + logf(w->l[r]);
+    }
+
     /* write the output rows */
     float *o = (float *)p->o.data + b * p->o.stride[0] + h * p->o.stride[1];
     const float fill = p->masked_rows == MHA_MASKED_ROWS_NAN ? NAN : 0.0f;
@@ -331,33 +397,44 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
         for (int64_t c = 0; c < dv; c++)
             orow[c * p->o.stride[3]] = dead ? fill : w->o[r * dvp + c] / w->l[r];
     }
-    if (!p->weights.data)
+    if (!p->weights.data && !(p->qk.data && p->qk_mode == 3))
         return;
 
-    /* weights: a second pass over the blocks with the final m and l */
-    float *wt = (float *)p->weights.data + b * p->weights.stride[0] + h * p->weights.stride[1];
-    const int64_t ws3 = p->weights.stride[3];
+    /* weights (and the ONNX mode-3 qk output, the same numbers): a second
+     * pass over the blocks with the final m and l */
+    const mha_tensor *wtt = p->weights.data ? &p->weights : &p->qk;
+    float *wt = (float *)wtt->data + b * wtt->stride[0] + h * wtt->stride[1];
+    const int64_t ws3 = wtt->stride[3];
+    float *qt = p->weights.data && p->qk.data && p->qk_mode == 3
+                    ? (float *)p->qk.data + b * p->qk.stride[0] + h * p->qk.stride[1]
+                    : NULL;
+    const int64_t qs2 = qt ? p->qk.stride[2] : 0, qs3 = qt ? p->qk.stride[3] : 0;
     for (int64_t kb = 0; kb < pl->nkb; kb++) {
         const int64_t j0 = kb * BC, n = p->S - j0 < BC ? p->S - j0 : BC;
         bool live = kb < nkb && score_block(pl, w, b, h, i0, rows, kb, kpack + kb * BC * d, ncg);
         for (int64_t r = 0; r < rows; r++) {
-            float *wr = wt + (i0 + r) * p->weights.stride[2] + j0 * ws3;
+            float *wr = wt + (i0 + r) * wtt->stride[2] + j0 * ws3;
+            float *qr = qt ? qt + (i0 + r) * qs2 + j0 * qs3 : NULL;
             const int64_t ng = live ? ncg[r / MR] : 0;
             if (w->m[r] == -INFINITY) {
                 for (int64_t j = 0; j < n; j++)
                     wr[j * ws3] = fill;
+                for (int64_t j = 0; qr && j < n; j++)
+                    qr[j * qs3] = fill;
                 continue;
             }
             float *sr = w->s + r * BC;
             if (ng > 0) {
-                pl->isa->row_scores(sr, ng, row_lim(p, i0 + r, j0, ng), p->scale,
-                                    pl->has_bias ? w->bias + r * BC : NULL);
+                row_scores_any(pl, sr, ng, row_lim(p, b, i0 + r, j0, ng),
+                               pl->has_bias ? w->bias + r * BC : NULL);
                 pl->isa->row_exp(sr, ng, w->m[r]);
             }
             for (int64_t j = 0; j < n; j++) {
                 float x = j < ng ? sr[j] : -0.0f;
                 if (is_masked_mark(x)) {
                     wr[j * ws3] = 0.0f;
+                    if (qr)
+                        qr[j * qs3] = 0.0f;
                     continue;
                 }
                 x /= w->l[r];
@@ -366,6 +443,8 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
                             ? 0.0f
                             : x * keep;
                 wr[j * ws3] = x;
+                if (qr)
+                    qr[j * qs3] = x;
             }
         }
     }
@@ -379,7 +458,9 @@ mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *is
     pl.nqb = (p->L + BR - 1) / BR;
     pl.nkb = (p->S + BC - 1) / BC;
     pl.dvp = round_up(p->dv > 0 ? p->dv : 1, NR);
-    pl.has_bias = p->mask.data || p->kpm.data;
+    pl.ext_bias = p->window || p->kv_len.data || p->alibi.data;
+    pl.has_bias = p->mask.data || p->kpm.data || pl.ext_bias;
+    pl.scale = p->onnx_scale ? 1.0f : p->scale;
     pl.pair_floats = pl.nkb * BC * (p->d + pl.dvp);
     pl.ws_floats = ws_layout(&pl, NULL, &(flash_ws){0});
 

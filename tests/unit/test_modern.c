@@ -512,3 +512,69 @@ TEST(modern_onnx_attention_checks) {
                                              y4[((b * 3 + h) * 4 + i) * 8 + c]));
     CHECK(worst == 0);
 }
+
+/* Every option on the fused kernels against the reference: random shapes
+ * with tails, GQA, per-batch offsets and lengths, windows, softcap, ALiBi,
+ * sinks, LSE, weights, qk mode 3, ONNX scale. */
+TEST(modern_fused_kernels_match_reference_on_every_option) {
+    enum { B = 2, HQ = 6, HKV = 2, L = 37, S = 53, D = 12, DV = 9 };
+    static float q[B * HQ * L * D], k[B * HKV * S * D], v[B * HKV * S * DV];
+    static float o[3][B * HQ * L * DV], w[3][B * HQ * L * S], qk[3][B * HQ * L * S],
+        lse[3][B * HQ * L], mk[L * S];
+    mha_randn(q, sizeof q / sizeof *q, 71, 1.5f);
+    mha_randn(k, sizeof k / sizeof *k, 72, 1.5f);
+    mha_randn(v, sizeof v / sizeof *v, 73, 1.0f);
+    mha_randn(mk, L * S, 74, 1.0f);
+    for (int x = 0; x < L * S; x += 7)
+        mk[x] = -INFINITY;
+    int64_t lens[B] = {41, 0 + 29}, offs[B] = {9, -5};
+    float slopes[HQ] = {0.5f, 0.25f, 0.1f, 0.05f, 0.0f, 1.0f};
+    float sinks[HQ] = {0.0f, 1.0f, -2.0f, 3.0f, 0.5f, -0.5f};
+    mha_tensor Q = t4(q, B, HQ, L, D), K = t4(k, B, HKV, S, D), V = t4(v, B, HKV, S, DV);
+    mha_tensor Ls, Os, A, Sk, M;
+    mha_tensor_init(&Ls, MHA_I64, lens, 1, (int64_t[]){B});
+    mha_tensor_init(&Os, MHA_I64, offs, 1, (int64_t[]){B});
+    mha_tensor_init(&A, MHA_F32, slopes, 1, (int64_t[]){HQ});
+    mha_tensor_init(&Sk, MHA_F32, sinks, 1, (int64_t[]){HQ});
+    mha_tensor_init(&M, MHA_F32, mk, 2, (int64_t[]){L, S});
+    const mha_kernel kernels[3] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
+    const int nk = mha_attn_best_kernel() == MHA_KERNEL_AVX2 ? 3 : 2;
+    for (int combo = 0; combo < 8; combo++) {
+        for (int kk = 0; kk < nk; kk++) {
+            mha_tensor O = t4(o[kk], B, HQ, L, DV), W = t4(w[kk], B, HQ, L, S);
+            mha_tensor QK = t4(qk[kk], B, HQ, L, S), LSE;
+            mha_tensor_init(&LSE, MHA_F32, lse[kk], 3, (int64_t[]){B, HQ, L});
+            mha_sdpa_options op;
+            mha_sdpa_options_init(&op);
+            op.kernel = kernels[kk];
+            op.lse = &LSE;
+            op.qk_out = &QK, op.qk_mode = 3;
+            if (combo & 1)
+                op.weights = &W;
+            if (combo & 2)
+                op.causal = MHA_CAUSAL_OFFSET, op.causal_offsets = &Os;
+            else
+                op.causal = MHA_CAUSAL_BOTTOM_RIGHT, op.kv_lengths = &Ls;
+            if (combo & 4)
+                op.window_left = 7, op.window_right = combo & 2 ? -1 : 3, op.mask = &M;
+            op.softcap = combo == 3 || combo == 6 ? 0.0f : 4.0f;
+            op.alibi_slopes = combo % 3 ? &A : NULL;
+            op.sinks = combo % 3 != 1 ? &Sk : NULL;
+            op.onnx_scale = combo >= 5;
+            REQUIRE_OK(mha_sdpa_forward(&O, &Q, &K, &V, &op));
+        }
+        for (int kk = 1; kk < nk; kk++) {
+            CHECK(maxdiff(o[kk], o[0], B * HQ * L * DV) < 2e-5);
+            CHECK(maxdiff(lse[kk], lse[0], B * HQ * L) < 2e-5);
+            CHECK(maxdiff(qk[kk], qk[0], B * HQ * L * S) < 2e-5);
+            if (combo & 1)
+                CHECK(maxdiff(w[kk], w[0], B * HQ * L * S) < 2e-5);
+        }
+    }
+    /* the debug outputs of modes 0-2 stay with the reference: no silent fallback */
+    mha_tensor O = t4(o[1], B, HQ, L, DV), QK = t4(qk[1], B, HQ, L, S);
+    mha_sdpa_options op;
+    mha_sdpa_options_init(&op);
+    op.qk_out = &QK, op.qk_mode = 2, op.kernel = MHA_KERNEL_SCALAR;
+    CHECK_STATUS(mha_sdpa_forward(&O, &Q, &K, &V, &op), MHA_ERR_UNSUPPORTED);
+}

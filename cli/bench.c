@@ -760,6 +760,9 @@ int cli_bench(int argc, char **argv) {
                      .backward = false};
     bench_case one = {1, 8, 0, 1024, 0, 64, false};
     bool shaped = false;
+    for (int i = 1; i < argc; i++) /* op "decode": cli/bench_decode.c */
+        if (!strcmp(argv[i], "--decode"))
+            return cli_bench_decode(argc, argv);
     static const char *int_opts[] = {"--batch", "--heads", "--kv-heads", "--seq",
                                      "--kv-seq", "--head-dim", "--threads", "--reps"};
     for (int i = 1; i < argc; i++) {

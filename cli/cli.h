@@ -13,6 +13,8 @@ int cli_demo(int argc, char **argv);
 int cli_forward(int argc, char **argv);
 int cli_attention(int argc, char **argv);
 int cli_bench(int argc, char **argv);
+/* `mha bench --decode` (cli/bench_decode.c): op "decode" with gbps. */
+int cli_bench_decode(int argc, char **argv);
 int cli_viz(int argc, char **argv);
 /* `mha grad` (cli/grad.c); `mha grad --layer ...` goes to cli_grad_layer, a
  * weak hook in grad.c that the layer backward's command replaces. */

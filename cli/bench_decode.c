@@ -1,0 +1,189 @@
+/* bench_decode.c - `mha bench --decode`: op "decode", one new token per
+ * head against a filled KV cache (mha_attention_decode), validated first.
+ *
+ * Letter legend: B batch, H query heads, Hkv key/value heads, S cached keys,
+ * d head dim (= dv).
+ *
+ * Bytes moved per step = 4 * (2 * B*Hkv*S*d  (K and V, read once: GQA groups
+ * share them) + 2 * B*H*d (q in, out)); gbps = bytes / time.  FLOPs =
+ * 4*B*H*S*d.  The output is validated against the reference decode
+ * (MHA_KERNEL_REF: float64 over the cache in position order) before timing;
+ * the time is the median of --reps steps after one warm-up.
+ */
+#include "cli.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: mha bench --decode [--batch B] [--heads H] [--kv-heads Hkv]\n"
+               "                 [--kv-seq S[,S...]] [--head-dim d] [--threads N] [--reps N]\n"
+               "                 [--kernel ref|scalar|avx2|auto] [--json]\n"
+               "op \"decode\": one token against S cached keys; prints ms, GB/s of K/V read\n"
+               "(and q/out), GFLOP/s, the error against the reference.  Defaults: B=1 H=32\n"
+               "Hkv=8 d=128 S=1024,4096,16384 (the GQA shape of an 8B model).\n");
+}
+
+static int run_case(int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t d, int reps,
+                    mha_kernel kernel, int json, int threads) {
+    mha_kv_cache *c = NULL;
+    mha_tensor k = {0}, q = {0}, o = {0}, r = {0};
+    int rc = CLI_OK;
+    mha_status st = mha_kv_cache_create(&c, B, Hkv, S, d, d, 0);
+    if (st == MHA_OK)
+        st = mha_tensor_alloc(&k, MHA_F32, 4, (int64_t[]){B, Hkv, S, d});
+    if (st == MHA_OK)
+        st = mha_tensor_alloc(&q, MHA_F32, 4, (int64_t[]){B, H, 1, d});
+    if (st == MHA_OK)
+        st = mha_tensor_alloc(&o, MHA_F32, 4, (int64_t[]){B, H, 1, d});
+    if (st == MHA_OK)
+        st = mha_tensor_alloc(&r, MHA_F32, 4, (int64_t[]){B, H, 1, d});
+    if (st == MHA_OK) {
+        mha_randn(k.data, (size_t)(B * Hkv * S * d), 1, 1.0f);
+        mha_randn(q.data, (size_t)(B * H * d), 2, 1.0f);
+        st = mha_kv_cache_append(c, &k, &k); /* V = K: the bytes are what matter */
+    }
+    mha_sdpa_options opt;
+    mha_sdpa_options_init(&opt);
+    double err = 0;
+    if (st == MHA_OK) { /* validate: the reference decode */
+        opt.kernel = MHA_KERNEL_REF;
+        st = mha_attention_decode(&r, &q, c, &opt);
+    }
+    if (st == MHA_OK) {
+        opt.kernel = kernel;
+        st = mha_attention_decode(&o, &q, c, &opt); /* also the warm-up */
+    }
+    if (st != MHA_OK) {
+        rc = cli_fail("bench", st, "decode");
+        goto done;
+    }
+    for (int64_t x = 0; x < B * H * d; x++) {
+        double e = fabs((double)((float *)o.data)[x] - (double)((float *)r.data)[x]);
+        err = e > err ? e : err;
+    }
+    double *t = malloc(sizeof(double) * (size_t)reps);
+    if (!t) {
+        rc = CLI_INTERNAL;
+        goto done;
+    }
+    for (int i = 0; i < reps; i++) {
+        double t0 = now_s();
+        mha_attention_decode(&o, &q, c, &opt);
+        t[i] = now_s() - t0;
+    }
+    qsort(t, (size_t)reps, sizeof *t, cmp_double);
+    const double ms = 1e3 * t[reps / 2];
+    free(t);
+    const double bytes = 4.0 * (2.0 * (double)(B * Hkv * S * d) + 2.0 * (double)(B * H * d));
+    const double gbps = bytes / (ms * 1e6), gf = 4.0 * (double)(B * H * S * d) / (ms * 1e6);
+    const char *kn = mha_kernel_name(mha_kernel_resolve(kernel));
+    if (json)
+        printf("{\"op\":\"decode\",\"kernel\":\"%s\",\"B\":%lld,\"H\":%lld,\"Hkv\":%lld,\"L\":1,"
+               "\"S\":%lld,\"d\":%lld,\"threads\":%d,\"ms\":%.4f,\"gbps\":%.2f,\"gflops\":%.2f,"
+               "\"max_err\":%.3g}\n",
+               kn, (long long)B, (long long)H, (long long)Hkv, (long long)S, (long long)d,
+               threads, ms, gbps, gf, err);
+    else
+        printf("decode %-6s B=%-2lld H=%-2lld Hkv=%-2lld S=%-6lld d=%-3lld t=%d %9.3f ms "
+               "%7.2f GB/s %7.1f GFLOP/s  err %.2g\n",
+               kn, (long long)B, (long long)H, (long long)Hkv, (long long)S, (long long)d,
+               threads, ms, gbps, gf, err);
+    fflush(stdout);
+    if (!(err <= 1e-4)) {
+        fprintf(stderr, "mha bench: decode: error %.3g against the reference\n", err);
+        rc = CLI_INTERNAL;
+    }
+done:
+    mha_kv_cache_free(c);
+    mha_tensor_free(&k), mha_tensor_free(&q), mha_tensor_free(&o), mha_tensor_free(&r);
+    return rc;
+}
+
+int cli_bench_decode(int argc, char **argv) {
+    int64_t B = 1, H = 32, Hkv = 8, d = 128, S[16] = {1024, 4096, 16384};
+    int nS = 3, reps = 9, json = 0, threads = 0;
+    mha_kernel kernel = MHA_KERNEL_AUTO;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--decode"))
+            continue;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return CLI_OK;
+        }
+        if (!strcmp(a, "--json")) {
+            json = 1;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "mha bench: %s needs a value (see mha bench --decode --help)\n", a);
+            return CLI_BAD_INPUT;
+        }
+        const char *v = argv[++i];
+        char *end;
+        if (!strcmp(a, "--kernel")) {
+            if (!strcmp(v, "ref") || !strcmp(v, "scalar") || !strcmp(v, "avx2") ||
+                !strcmp(v, "auto"))
+                kernel = v[0] == 'r'   ? MHA_KERNEL_REF
+                         : v[0] == 's' ? MHA_KERNEL_SCALAR
+                         : v[1] == 'v' ? MHA_KERNEL_AVX2
+                                       : MHA_KERNEL_AUTO;
+            else {
+                fprintf(stderr, "mha bench: --kernel: '%s' is not ref, scalar, avx2 or auto\n", v);
+                return CLI_BAD_INPUT;
+            }
+            continue;
+        }
+        if (!strcmp(a, "--kv-seq")) {
+            nS = 0;
+            for (const char *p = v; *p && nS < 16; p = *end ? end + 1 : end) {
+                long long x = strtoll(p, &end, 10);
+                if (end == p || x < 1 || x > ((long long)1 << 30) || (*end && *end != ',')) {
+                    fprintf(stderr, "mha bench: --kv-seq: '%s' is not a list of lengths\n", v);
+                    return CLI_BAD_INPUT;
+                }
+                S[nS++] = x;
+            }
+            continue;
+        }
+        long long x = strtoll(v, &end, 10);
+        int64_t *dst = !strcmp(a, "--batch") ? &B : !strcmp(a, "--heads") ? &H
+                     : !strcmp(a, "--kv-heads") ? &Hkv : !strcmp(a, "--head-dim") ? &d : NULL;
+        if (end == v || *end || x < 1 || x > 1 << 20 ||
+            (!dst && strcmp(a, "--threads") && strcmp(a, "--reps"))) {
+            fprintf(stderr, "mha bench: %s '%s': unknown option or not a positive integer\n", a,
+                    v);
+            return CLI_BAD_INPUT;
+        }
+        if (dst)
+            *dst = x;
+        else if (!strcmp(a, "--threads"))
+            threads = (int)x;
+        else
+            reps = (int)x;
+    }
+    if (threads > 0)
+        mha_set_num_threads(threads);
+    int shown = threads > 0 ? threads : mha_get_num_threads();
+    for (int i = 0; i < nS; i++) {
+        int rc = run_case(B, H, Hkv, S[i], d, reps, kernel, json, shown);
+        if (rc != CLI_OK)
+            return rc;
+    }
+    return CLI_OK;
+}

@@ -485,6 +485,182 @@ TEST(io_faults_safetensors_open_get_view_write) {
     io_loop("mha_safetensors_write", call_safetensors_write, NULL, true);
 }
 
+/* ---- layers --------------------------------------------------------------------- */
+
+/* E=8 H=2 F=12, B=2 L=3 (S=4 for the decoder's memory); workspace NULL, so
+ * the layer allocates.  variant: 0 encoder layer, 1 decoder layer, 2 encoder
+ * stack of 2 with final norm and masks, 3 gated MLP. */
+typedef struct layer_ctx {
+    int variant;
+    float w_in[24 * 8], w_out[64], w1[12 * 8], w2[8 * 12], b1[12], src[2 * 3 * 8],
+        mem[2 * 4 * 8], out[2 * 3 * 8];
+    uint8_t kpm[2 * 3];
+    mha_tensor Win, Wout, W1, W2, B1, Src, Mem, Out, Kpm;
+} layer_ctx;
+
+static mha_status call_layer(void *ctx) {
+    layer_ctx *c = ctx;
+    mha_layer_options opt;
+    mha_layer_options_init(&opt);
+    opt.num_heads = 2;
+    mha_multihead_weights aw = {0};
+    aw.in_proj_weight = &c->Win, aw.out_proj_weight = &c->Wout;
+    if (c->variant == 1) {
+        mha_decoder_layer_weights dw;
+        memset(&dw, 0, sizeof dw);
+        dw.self_attn = aw, dw.multihead_attn = aw;
+        dw.linear1_weight = &c->W1, dw.linear1_bias = &c->B1, dw.linear2_weight = &c->W2;
+        mha_layer_masks m = {0};
+        m.causal = 1;
+        return mha_decoder_layer_forward(&c->Out, &c->Src, &c->Mem, &dw, &m, &opt, NULL, 0);
+    }
+    if (c->variant == 3) {
+        mha_mlp_weights mw = {0};
+        mw.linear1_weight = &c->W1, mw.linear2_weight = &c->W2, mw.linear3_weight = &c->W1;
+        return mha_mlp_forward(&c->Out, &c->Src, &mw, MHA_ACT_SILU, NULL, 0);
+    }
+    mha_encoder_layer_weights ew;
+    memset(&ew, 0, sizeof ew);
+    ew.self_attn = aw;
+    ew.linear1_weight = &c->W1, ew.linear1_bias = &c->B1, ew.linear2_weight = &c->W2;
+    if (c->variant == 0)
+        return mha_encoder_layer_forward(&c->Out, &c->Src, &ew, NULL, &opt, NULL, 0);
+    mha_encoder_layer_weights layers[2] = {ew, ew};
+    mha_encoder_weights stack = {0};
+    stack.num_layers = 2, stack.layers = layers, stack.final_norm = 1;
+    mha_layer_masks m = {0};
+    m.key_padding_mask = &c->Kpm;
+    opt.norm_first = 1;
+    return mha_encoder_forward(&c->Out, &c->Src, &stack, &m, &opt, NULL, 0);
+}
+
+TEST(oom_layers_encoder_decoder_stack_mlp) {
+    for (int variant = 0; variant < 4; variant++) {
+        layer_ctx c;
+        memset(&c, 0, sizeof c);
+        c.variant = variant;
+        test_randn(c.w_in, 24 * 8, 81), test_randn(c.w_out, 64, 82), test_randn(c.w1, 96, 83);
+        test_randn(c.w2, 96, 84), test_randn(c.b1, 12, 85), test_randn(c.src, 48, 86);
+        test_randn(c.mem, 64, 87);
+        c.kpm[2] = 1;
+        mha_tensor_init(&c.Win, MHA_F32, c.w_in, 2, (int64_t[]){24, 8});
+        mha_tensor_init(&c.Wout, MHA_F32, c.w_out, 2, (int64_t[]){8, 8});
+        mha_tensor_init(&c.W1, MHA_F32, c.w1, 2, (int64_t[]){12, 8});
+        mha_tensor_init(&c.W2, MHA_F32, c.w2, 2, (int64_t[]){8, 12});
+        mha_tensor_init(&c.B1, MHA_F32, c.b1, 1, (int64_t[]){12});
+        mha_tensor_init(&c.Src, MHA_F32, c.src, 3, (int64_t[]){2, 3, 8});
+        mha_tensor_init(&c.Mem, MHA_F32, c.mem, 3, (int64_t[]){2, 4, 8});
+        mha_tensor_init(&c.Out, MHA_F32, c.out, 3, (int64_t[]){2, 3, 8});
+        mha_tensor_init(&c.Kpm, MHA_BOOL, c.kpm, 2, (int64_t[]){2, 3});
+        static const char *names[] = {"mha_encoder_layer_forward", "mha_decoder_layer_forward",
+                                      "mha_encoder_forward (2 layers, final norm, kpm)",
+                                      "mha_mlp_forward (gated)"};
+        oom_loop(names[variant], call_layer, &c);
+    }
+}
+
+/* ---- KV cache and decoding ------------------------------------------------------- */
+
+static mha_status call_kv_cache(void *ctx) {
+    (void)ctx;
+    float k[2 * 2 * 3 * 4], v[2 * 2 * 3 * 4], q[2 * 4 * 1 * 4], o[2 * 4 * 1 * 4];
+    test_randn(k, 48, 91), test_randn(v, 48, 92), test_randn(q, 32, 93);
+    mha_tensor K, V, Q, O;
+    mha_tensor_init(&K, MHA_F32, k, 4, (int64_t[]){2, 2, 3, 4});
+    mha_tensor_init(&V, MHA_F32, v, 4, (int64_t[]){2, 2, 3, 4});
+    mha_tensor_init(&Q, MHA_F32, q, 4, (int64_t[]){2, 4, 1, 4});
+    mha_tensor_init(&O, MHA_F32, o, 4, (int64_t[]){2, 4, 1, 4});
+    mha_kv_cache *cache = (mha_kv_cache *)(uintptr_t)1;
+    mha_status st = mha_kv_cache_create(&cache, 2, 2, 6, 4, 4, 0);
+    if (st != MHA_OK) {
+        CHECK(cache == NULL);
+        return st;
+    }
+    for (int step = 0; step < 2 && st == MHA_OK; step++) {
+        st = mha_kv_cache_append(cache, &K, &V);
+        if (st == MHA_OK)
+            st = mha_attention_decode(&O, &Q, cache, NULL);
+    }
+    mha_kv_cache_free(cache);
+    return st;
+}
+
+TEST(oom_kv_cache_append_decode) { oom_loop("mha_kv_cache create/append/decode", call_kv_cache, NULL); }
+
+/* ---- ONNX Attention ------------------------------------------------------------------ */
+
+static mha_status call_onnx(void *ctx) {
+    int variant = *(int *)ctx;
+    float q[2 * 4 * 3 * 4], k[2 * 2 * 5 * 4], v[2 * 2 * 5 * 4], y[2 * 4 * 3 * 4];
+    float pk[2 * 2 * 2 * 4], pv[2 * 2 * 2 * 4], prk[2 * 2 * 7 * 4], prv[2 * 2 * 7 * 4],
+        qk[2 * 4 * 3 * 7], mask[3 * 7];
+    test_randn(q, 96, 94), test_randn(k, 80, 95), test_randn(v, 80, 96);
+    test_randn(pk, 32, 97), test_randn(pv, 32, 98), test_randn(mask, 21, 99);
+    mha_tensor Q, K, V, Y, PK, PV, PRK, PRV, QK, M;
+    mha_tensor_init(&Q, MHA_F32, q, 4, (int64_t[]){2, 4, 3, 4});
+    mha_tensor_init(&K, MHA_F32, k, 4, (int64_t[]){2, 2, 5, 4});
+    mha_tensor_init(&V, MHA_F32, v, 4, (int64_t[]){2, 2, 5, 4});
+    mha_tensor_init(&Y, MHA_F32, y, 4, (int64_t[]){2, 4, 3, 4});
+    mha_tensor_init(&PK, MHA_F32, pk, 4, (int64_t[]){2, 2, 2, 4});
+    mha_tensor_init(&PV, MHA_F32, pv, 4, (int64_t[]){2, 2, 2, 4});
+    mha_tensor_init(&PRK, MHA_F32, prk, 4, (int64_t[]){2, 2, 7, 4});
+    mha_tensor_init(&PRV, MHA_F32, prv, 4, (int64_t[]){2, 2, 7, 4});
+    mha_tensor_init(&QK, MHA_F32, qk, 4, (int64_t[]){2, 4, 3, 7});
+    mha_tensor_init(&M, MHA_F32, mask, 2, (int64_t[]){3, 7});
+    mha_onnx_attention_options opt;
+    mha_onnx_attention_options_init(&opt);
+    if (variant == 0)
+        return mha_onnx_attention(&Y, NULL, NULL, NULL, &Q, &K, &V, NULL, NULL, NULL, NULL, &opt);
+    opt.is_causal = 1, opt.softcap = 2.0f, opt.qk_matmul_output_mode = 3;
+    return mha_onnx_attention(&Y, &PRK, &PRV, &QK, &Q, &K, &V, &M, &PK, &PV, NULL, &opt);
+}
+
+TEST(oom_onnx_attention) {
+    for (int variant = 0; variant < 2; variant++)
+        oom_loop(variant ? "mha_onnx_attention (past, mask, softcap, outputs)"
+                         : "mha_onnx_attention",
+                 call_onnx, &variant);
+}
+
+/* ---- the model: create, forward, backward, save, load -------------------------------- */
+
+static mha_status call_model(void *ctx) {
+    (void)ctx;
+    mha_model_config cfg;
+    mha_model_config_init(&cfg);
+    cfg.vocab = 7, cfg.max_len = 6, cfg.dim = 8, cfg.heads = 2, cfg.ffn = 12, cfg.layers = 1;
+    mha_model *m = (mha_model *)(uintptr_t)1;
+    mha_status st = mha_model_create(&m, &cfg, 3);
+    if (st != MHA_OK) {
+        CHECK(m == NULL);
+        return st;
+    }
+    int64_t tokens[2 * 5] = {1, 2, 3, 4, 5, 6, 0, 1, 2, 3}, targets[2 * 5] = {2, 3, 4, 5, 6, 0, 1, 2, 3, 4};
+    float loss;
+    st = mha_model_forward(m, tokens, targets, 2, 5, 1, 11, &loss);
+    if (st == MHA_OK)
+        st = mha_model_backward(m);
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/mha-oom-model-%d.safetensors", (int)getpid());
+    if (st == MHA_OK)
+        st = mha_model_save(m, path, NULL, NULL, 1, 3);
+    mha_model_free(m);
+    if (st == MHA_OK) {
+        mha_model *m2 = (mha_model *)(uintptr_t)1;
+        st = mha_model_load(&m2, path, NULL, NULL, NULL, NULL);
+        if (st == MHA_OK)
+            mha_model_free(m2);
+        else
+            CHECK(m2 == NULL);
+    }
+    remove(path);
+    return st;
+}
+
+TEST(oom_model_create_forward_backward_save_load) {
+    oom_loop("mha_model create/forward/backward/save/load", call_model, NULL);
+}
+
 /* Runs last (tests run in name order): the figure for the report. */
 TEST(zz_oom_injection_point_count) {
     printf("oom: %lld injection points (%lld allocation, %lld i/o)\n",

@@ -80,10 +80,12 @@ static mha_status grow(void **arr, int64_t *cap, int64_t n, size_t es) {
     if (n < *cap)
         return MHA_OK;
     int64_t nc = *cap ? *cap * 2 : 16;
+    while (nc <= n)
+        nc *= 2;
     void *p = mha_malloc((size_t)nc * es);
     MHA_CHECK(p != NULL, MHA_ERR_NOMEM, "safetensors: cannot allocate the tensor table");
-    if (*arr)
-        memcpy(p, *arr, (size_t)n * es);
+    if (*arr) /* the old array holds *cap elements (n may be past them) */
+        memcpy(p, *arr, (size_t)*cap * es);
     mha_free(*arr);
     *arr = p;
     *cap = nc;

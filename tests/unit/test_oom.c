@@ -661,6 +661,30 @@ TEST(oom_model_create_forward_backward_save_load) {
     oom_loop("mha_model create/forward/backward/save/load", call_model, NULL);
 }
 
+/* Regression: a header with more than 8 __metadata__ pairs grew the pair
+ * table while copying one element past the old one (heap over-read, found
+ * by oom_model_create_forward_backward_save_load under ASan). */
+TEST(regression_safetensors_many_metadata_pairs) {
+    float x[3] = {1, 2, 3};
+    mha_tensor t;
+    mha_tensor_init(&t, MHA_F32, x, 1, (int64_t[]){3});
+    const char *names[] = {"x"};
+    const mha_tensor *ts[] = {&t};
+    char kb[40][8], vb[40][8];
+    const char *keys[40], *values[40];
+    for (int i = 0; i < 40; i++) {
+        snprintf(kb[i], sizeof kb[i], "k%d", i), snprintf(vb[i], sizeof vb[i], "v%d", i);
+        keys[i] = kb[i], values[i] = vb[i];
+    }
+    REQUIRE_OK(mha_safetensors_write(tmp_file(), names, ts, 1, keys, values, 40));
+    mha_safetensors *st = NULL;
+    CHECK_STATUS(mha_safetensors_open(tmp_file(), &st), MHA_OK);
+    CHECK(mha_safetensors_metadata_count(st) == 40);
+    CHECK(st && mha_safetensors_metadata(st, "k39") && !strcmp(mha_safetensors_metadata(st, "k39"), "v39"));
+    mha_safetensors_free(st);
+    remove(tmp_file());
+}
+
 /* Runs last (tests run in name order): the figure for the report. */
 TEST(zz_oom_injection_point_count) {
     printf("oom: %lld injection points (%lld allocation, %lld i/o)\n",

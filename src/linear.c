@@ -1,11 +1,16 @@
 /* linear.c - y = x w^T + bias, the projections' GEMM.
  *
- * With CBLAS (OpenBLAS) this is one sgemm call; without, a cache-blocked
- * portable loop.  Letters: M rows of x, K input features, N output features.
+ * Three paths (src/kernels/gemm.h): one cblas_sgemm call (OpenBLAS), mha's
+ * packed AVX2+FMA kernel (src/kernels/gemm_avx2.c), or the cache-blocked
+ * portable loop below (the reference, always built).  Letters: M rows of x,
+ * K input features, N output features.
  */
 #include "internal.h"
+#include "kernels/gemm.h"
 
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #ifdef MHA_HAVE_CBLAS
 #include <cblas.h>
@@ -41,11 +46,94 @@ static void linear_blocked(float *y, int64_t ldy, const float *x, int64_t ldx, c
     }
 }
 
-void mha_linear_f32(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
-                    int64_t ldw, const float *bias, int64_t M, int64_t N, int64_t K,
-                    int accumulate) {
+/* ---- path selection --------------------------------------------------------- */
+
+const char *mha_gemm_path_name(mha_gemm_path path) {
+    switch (path) {
+    case MHA_GEMM_AUTO: return "auto";
+    case MHA_GEMM_BLAS: return "blas";
+    case MHA_GEMM_AVX2: return "avx2";
+    case MHA_GEMM_PORTABLE: return "portable";
+    }
+    return "unknown";
+}
+
+bool mha_cpu_has_avx2_fma(void) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return false;
+#endif
+}
+
+#ifdef MHA_HAVE_CBLAS
+/* True when OpenBLAS's run-time core has AVX2 sgemm kernels.  OpenBLAS
+ * 0.3.21 (Debian 12) does not know newer CPUs (e.g. Xeon family 6 model
+ * 207) and falls back to "Prescott" (SSE3), 3-4x slower than its Haswell
+ * kernel on the same machine; the names below are its cores without AVX2
+ * (driver/others/dynamic.c's corename table). */
+static bool blas_core_has_avx2(void) {
+    static const char *const pre_avx2[] = {
+        "unknown",  "katmai",    "coppermine", "northwood", "prescott",     "banias",
+        "atom",     "core2",     "penryn",     "dunnington", "nehalem",     "athlon",
+        "opteron",  "opteron_sse3", "barcelona", "nano",     "sandybridge", "bobcat",
+        "bulldozer", "piledriver", "steamroller"};
+    const char *core = openblas_get_corename();
+    if (!core)
+        return false;
+    for (size_t i = 0; i < sizeof pre_avx2 / sizeof pre_avx2[0]; i++)
+        if (strcasecmp(core, pre_avx2[i]) == 0)
+            return false;
+    return true;
+}
+#endif
+
+/* The automatic choice, computed once (idempotent, so a race is harmless). */
+static mha_gemm_path gemm_best(void) {
+    static _Atomic int best; /* 0: not yet computed */
+    int b = best;
+    if (b)
+        return (mha_gemm_path)b;
+    bool avx2 = mha_cpu_has_avx2_fma();
+#ifdef MHA_HAVE_CBLAS
+    b = (avx2 && !blas_core_has_avx2()) ? MHA_GEMM_AVX2 : MHA_GEMM_BLAS;
+#else
+    b = avx2 ? MHA_GEMM_AVX2 : MHA_GEMM_PORTABLE;
+#endif
+    best = b;
+    return (mha_gemm_path)b;
+}
+
+mha_gemm_path mha_gemm_resolve(mha_gemm_path requested) {
+    if (requested == MHA_GEMM_AUTO) {
+        const char *env = getenv("MHA_GEMM");
+        if (env && strcmp(env, "blas") == 0)
+            requested = MHA_GEMM_BLAS;
+        else if (env && strcmp(env, "avx2") == 0)
+            requested = MHA_GEMM_AVX2;
+        else if (env && strcmp(env, "portable") == 0)
+            requested = MHA_GEMM_PORTABLE;
+        else
+            return gemm_best();
+    }
+#ifndef MHA_HAVE_CBLAS
+    if (requested == MHA_GEMM_BLAS)
+        return gemm_best();
+#endif
+    if (requested == MHA_GEMM_AVX2 && !mha_cpu_has_avx2_fma())
+        return gemm_best();
+    return requested;
+}
+
+/* ---- the product ------------------------------------------------------------- */
+
+mha_gemm_path mha_linear_f32_path(mha_gemm_path requested, float *y, int64_t ldy, const float *x,
+                                  int64_t ldx, const float *w, int64_t ldw, const float *bias,
+                                  int64_t M, int64_t N, int64_t K, int accumulate) {
+    mha_gemm_path path = mha_gemm_resolve(requested);
     if (M == 0 || N == 0)
-        return;
+        return path;
     if (!accumulate) {
         for (int64_t r = 0; r < M; r++) {
             if (bias)
@@ -59,14 +147,25 @@ void mha_linear_f32(float *y, int64_t ldy, const float *x, int64_t ldx, const fl
                 y[r * ldy + c] += bias[c];
     }
     if (K == 0)
-        return;
+        return path;
+    if (path == MHA_GEMM_AVX2) {
+        mha_gemm_f32_avx2(y, ldy, x, ldx, w, ldw, M, N, K);
+        return path;
+    }
 #ifdef MHA_HAVE_CBLAS
-    if (M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX && ldx <= INT32_MAX &&
-        ldy <= INT32_MAX && ldw <= INT32_MAX) {
+    if (path == MHA_GEMM_BLAS && M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX &&
+        ldx <= INT32_MAX && ldy <= INT32_MAX && ldw <= INT32_MAX) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, x,
                     (int)ldx, w, (int)ldw, 1.0f, y, (int)ldy);
-        return;
+        return path;
     }
 #endif
     linear_blocked(y, ldy, x, ldx, w, ldw, M, N, K);
+    return MHA_GEMM_PORTABLE;
+}
+
+void mha_linear_f32(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                    int64_t ldw, const float *bias, int64_t M, int64_t N, int64_t K,
+                    int accumulate) {
+    mha_linear_f32_path(MHA_GEMM_AUTO, y, ldy, x, ldx, w, ldw, bias, M, N, K, accumulate);
 }

@@ -1,0 +1,47 @@
+/* gemm.h - the projections' GEMM, y (M,N) += x (M,K) w^T (w is (N,K)).
+ *
+ * Letters: M rows of x and y, N output features (rows of w), K input
+ * features.  Three paths compute the same product (rounding differs):
+ *   blas      cblas_sgemm (OpenBLAS, when the build found it);
+ *   avx2      mha's packed 6x16 AVX2+FMA kernel (gemm_avx2.c);
+ *   portable  the blocked C loop in linear.c (always built, the reference).
+ * mha_linear_f32 (internal.h) picks one: MHA_GEMM=blas|avx2|portable forces
+ * a path; otherwise OpenBLAS unless its run-time core has no AVX2 kernels
+ * (Debian's 0.3.21 calls unknown CPUs "Prescott" and runs SSE3 code) while
+ * the CPU has AVX2+FMA, in which case avx2.  See docs/performance.md.
+ */
+#ifndef MHA_KERNELS_GEMM_H
+#define MHA_KERNELS_GEMM_H
+
+#include "../internal.h"
+
+typedef enum {
+    MHA_GEMM_AUTO = 0,
+    MHA_GEMM_BLAS,
+    MHA_GEMM_AVX2,
+    MHA_GEMM_PORTABLE,
+} mha_gemm_path;
+
+const char *mha_gemm_path_name(mha_gemm_path path);
+
+/* The path a call with `requested` runs on this machine and build (never
+ * AUTO): AUTO reads MHA_GEMM, then the CPU / OpenBLAS check; an unavailable
+ * path (blas without CBLAS, avx2 without AVX2/FMA) falls back to the best
+ * available one. */
+mha_gemm_path mha_gemm_resolve(mha_gemm_path requested);
+
+/* mha_linear_f32 on a chosen path; returns the path that ran.  No path
+ * allocates (the avx2 packing buffer is on the stack). */
+mha_gemm_path mha_linear_f32_path(mha_gemm_path requested, float *y, int64_t ldy, const float *x,
+                                  int64_t ldx, const float *w, int64_t ldw, const float *bias,
+                                  int64_t M, int64_t N, int64_t K, int accumulate);
+
+/* avx2 path: y (M,N) += x (M,K) w^T, y already holds its initial value
+ * (bias, zero or the caller's).  Only call after a CPU check. */
+void mha_gemm_f32_avx2(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                       int64_t ldw, int64_t M, int64_t N, int64_t K);
+
+/* True when the CPU has AVX2 and FMA. */
+bool mha_cpu_has_avx2_fma(void);
+
+#endif /* MHA_KERNELS_GEMM_H */

@@ -1,0 +1,139 @@
+/* gemm_avx2.c - y (M,N) += x (M,K) w^T with AVX2+FMA, packed panels.
+ *
+ * Letters: M rows of x/y, N output features (w is (N,K), PyTorch Linear
+ * layout), K input features.  The portable reference of the same product is
+ * linear_blocked in src/linear.c; tests/unit/test_gemm.c compares both (and
+ * OpenBLAS) with a float64 product.  Compiled with -mavx2 -mfma; reached
+ * only after mha_cpu_has_avx2_fma().
+ *
+ * ref: K. Goto, R. van de Geijn, "Anatomy of High-Performance Matrix
+ * Multiplication", ACM TOMS 34(3), 2008; F. Van Zee, R. van de Geijn, "BLIS",
+ * ACM TOMS 41(3), 2015 (the 5-loop structure and the haswell sgemm 6x16
+ * register block).
+ *
+ *   per task (MC rows x NC columns of y), per KC slice of K and per NR = 16
+ *   columns, 16 rows of w are packed into one micro-panel  wp (KC, NR)
+ *   (w^T, zero-padded) on the thread's stack, then reused by all MC/MR
+ *   row groups of the task; x is read in place (6 row pointers, any ldx),
+ *   so nothing is allocated: the layers' planned forward stays
+ *   allocation-free whichever path runs;
+ *   the 6x16 micro-kernel keeps 12 YMM accumulators, loads 2 YMM of wp and
+ *   broadcasts 6 floats of x per k: 12 FMAs per 2 loads + 6 broadcasts.
+ *
+ * Sizes (fixed, never per thread count):
+ *   KC = 256: a wp micro-panel KC x NR is 16 KiB and stays in L1 (32-48 KiB)
+ *             while the task walks down its MC rows; 6 rows of x over KC are 6 KiB;
+ *   MC = 144: the x block MC x KC (144 KiB) stays in L2 (512 KiB-2 MiB) with
+ *             the y tile MC x NC (144 KiB at NC = 256) while the task walks
+ *             its NC / NR micro-panels; each micro-panel of w is packed once
+ *             per MC rows (1 copied float per 288 FLOP);
+ *   NC = 256: tasks of MC x NC; enough of them for load balance at M >= 300.
+ * Determinism: every y element is summed in the same order (KC slices in
+ * order, k in order inside one, one FMA chain per element) whichever task
+ * and thread computes it, so y is bit-identical for any thread count.
+ */
+#include "gemm.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+enum { MR = 6, NR = 16, KC = 256, MC = 144, NC = 256 };
+
+/* c (MR, NR) += a (MR, kc) . b (kc, NR): a rows are the pointers a0..a5 (any
+ * stride, the rows of x), b is a packed panel; c rows ldc apart. */
+static void kernel_6x16(int64_t kc, const float *const a[MR], const float *b, float *c,
+                        int64_t ldc) {
+    const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5];
+    __m256 c00 = _mm256_loadu_ps(c), c01 = _mm256_loadu_ps(c + 8);
+    __m256 c10 = _mm256_loadu_ps(c + ldc), c11 = _mm256_loadu_ps(c + ldc + 8);
+    __m256 c20 = _mm256_loadu_ps(c + 2 * ldc), c21 = _mm256_loadu_ps(c + 2 * ldc + 8);
+    __m256 c30 = _mm256_loadu_ps(c + 3 * ldc), c31 = _mm256_loadu_ps(c + 3 * ldc + 8);
+    __m256 c40 = _mm256_loadu_ps(c + 4 * ldc), c41 = _mm256_loadu_ps(c + 4 * ldc + 8);
+    __m256 c50 = _mm256_loadu_ps(c + 5 * ldc), c51 = _mm256_loadu_ps(c + 5 * ldc + 8);
+    for (int64_t k = 0; k < kc; k++, b += NR) {
+        __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8), x;
+        x = _mm256_broadcast_ss(a0 + k);
+        c00 = _mm256_fmadd_ps(x, b0, c00), c01 = _mm256_fmadd_ps(x, b1, c01);
+        x = _mm256_broadcast_ss(a1 + k);
+        c10 = _mm256_fmadd_ps(x, b0, c10), c11 = _mm256_fmadd_ps(x, b1, c11);
+        x = _mm256_broadcast_ss(a2 + k);
+        c20 = _mm256_fmadd_ps(x, b0, c20), c21 = _mm256_fmadd_ps(x, b1, c21);
+        x = _mm256_broadcast_ss(a3 + k);
+        c30 = _mm256_fmadd_ps(x, b0, c30), c31 = _mm256_fmadd_ps(x, b1, c31);
+        x = _mm256_broadcast_ss(a4 + k);
+        c40 = _mm256_fmadd_ps(x, b0, c40), c41 = _mm256_fmadd_ps(x, b1, c41);
+        x = _mm256_broadcast_ss(a5 + k);
+        c50 = _mm256_fmadd_ps(x, b0, c50), c51 = _mm256_fmadd_ps(x, b1, c51);
+    }
+    _mm256_storeu_ps(c, c00), _mm256_storeu_ps(c + 8, c01), c += ldc;
+    _mm256_storeu_ps(c, c10), _mm256_storeu_ps(c + 8, c11), c += ldc;
+    _mm256_storeu_ps(c, c20), _mm256_storeu_ps(c + 8, c21), c += ldc;
+    _mm256_storeu_ps(c, c30), _mm256_storeu_ps(c + 8, c31), c += ldc;
+    _mm256_storeu_ps(c, c40), _mm256_storeu_ps(c + 8, c41), c += ldc;
+    _mm256_storeu_ps(c, c50), _mm256_storeu_ps(c + 8, c51);
+}
+
+/* wp (kc, NR) = w^T for rows [n0, n0+nr) of w, columns [k0, k0+kc); zero
+ * columns past nr. */
+static void pack_w_panel(float *wp, const float *w, int64_t ldw, int64_t nr, int64_t kc) {
+    if (nr < NR)
+        memset(wp, 0, sizeof(float) * (size_t)(kc * NR));
+    for (int64_t j = 0; j < nr; j++) {
+        const float *src = w + j * ldw;
+        for (int64_t k = 0; k < kc; k++)
+            wp[k * NR + j] = src[k];
+    }
+}
+
+/* One task: y rows [r0, r0+mc) x columns [c0, c0+nc), all of K.  The
+ * micro-panel of w lives on this thread's stack (16 KiB). */
+static void gemm_task(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                      int64_t ldw, int64_t K, int64_t r0, int64_t mc, int64_t c0, int64_t nc) {
+    float wp[KC * NR] __attribute__((aligned(64)));
+    float t[MR * NR] __attribute__((aligned(32)));
+    for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        int64_t kc = K - k0 < KC ? K - k0 : KC;
+        for (int64_t j = 0; j < nc; j += NR) {
+            int64_t nr = nc - j < NR ? nc - j : NR;
+            pack_w_panel(wp, w + (c0 + j) * ldw + k0, ldw, nr, kc);
+            for (int64_t i = 0; i < mc; i += MR) {
+                int64_t mr = mc - i < MR ? mc - i : MR;
+                const float *a[MR];
+                /* rows past mr repeat the first row; their results are dropped */
+                for (int r = 0; r < MR; r++)
+                    a[r] = x + (r0 + i + (r < mr ? r : 0)) * ldx + k0;
+                float *c = y + (r0 + i) * ldy + c0 + j;
+                if (mr == MR && nr == NR) {
+                    kernel_6x16(kc, a, wp, c, ldy);
+                } else {
+                    /* partial block through a full tile: the arithmetic is the kernel's own */
+                    for (int64_t r = 0; r < mr; r++)
+                        memcpy(t + r * NR, c + r * ldy, sizeof(float) * (size_t)nr);
+                    kernel_6x16(kc, a, wp, t, NR);
+                    for (int64_t r = 0; r < mr; r++)
+                        memcpy(c + r * ldy, t + r * NR, sizeof(float) * (size_t)nr);
+                }
+            }
+        }
+    }
+}
+
+void mha_gemm_f32_avx2(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                       int64_t ldw, int64_t M, int64_t N, int64_t K) {
+    if (M <= 0 || N <= 0 || K <= 0)
+        return;
+    const int64_t nmb = (M + MC - 1) / MC, nnb = (N + NC - 1) / NC, tasks = nmb * nnb;
+    int nt = mha_threads();
+    if (nt > tasks)
+        nt = (int)tasks;
+    /* small products are not worth waking threads (results do not depend on it) */
+    if ((double)M * (double)N * (double)K < 2.0e6)
+        nt = 1;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+    for (int64_t t = 0; t < tasks; t++) {
+        int64_t mb = t / nnb, nb = t % nnb;
+        int64_t r0 = mb * MC, c0 = nb * NC;
+        int64_t mc = M - r0 < MC ? M - r0 : MC, nc = N - c0 < NC ? N - c0 : NC;
+        gemm_task(y, ldy, x, ldx, w, ldw, K, r0, mc, c0, nc);
+    }
+}

@@ -1,0 +1,190 @@
+/* test_gemm.c - the projections' GEMM, y (M,N) = x (M,K) w^T (+ bias) (+ y),
+ * on every path (blas, avx2, portable; src/kernels/gemm.h) against a float64
+ * product.
+ *
+ * Letters: M rows of x/y, N rows of w (outputs), K columns of x and w.
+ * Rule: per element |y - ref| <= (K + 2) * 1.2e-7 * (sum_k |x w| + |bias| +
+ * |y0|) + 1e-30, the worst-case float rounding bound of any summation order
+ * (u = 2^-24, gamma_K ~ K u, with slack for the bias and accumulate adds).
+ * Odd shapes 1..70 (primes, K = 0), shapes crossing the avx2 blocks (MC 144,
+ * NC 256, KC 256), strided x, w, y with guard values in the gaps.
+ */
+#include "test.h"
+
+#include "kernels/gemm.h"
+
+static const mha_gemm_path paths[] = {MHA_GEMM_BLAS, MHA_GEMM_AVX2, MHA_GEMM_PORTABLE};
+#define GUARD 12345.0f
+
+typedef struct {
+    int64_t M, N, K, ldx, ldw, ldy;
+    float *x, *w, *bias, *y0, *y;
+} gemm_case;
+
+static float *randn_buf(size_t n, uint64_t seed) {
+    float *p = malloc(sizeof(float) * (n ? n : 1));
+    test_randn(p, n, seed);
+    return p;
+}
+
+/* Allocates a case; pad adds to each leading dimension (filled with GUARD in y). */
+static void case_make(gemm_case *c, int64_t M, int64_t N, int64_t K, int64_t pad, uint64_t seed) {
+    c->M = M, c->N = N, c->K = K;
+    c->ldx = K + pad, c->ldw = K + 2 * pad, c->ldy = N + 3 * pad;
+    c->x = randn_buf((size_t)(M * c->ldx), seed);
+    c->w = randn_buf((size_t)(N * c->ldw), seed + 1);
+    c->bias = randn_buf((size_t)N, seed + 2);
+    c->y0 = randn_buf((size_t)(M * c->ldy), seed + 3);
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t j = N; j < c->ldy; j++)
+            c->y0[r * c->ldy + j] = GUARD;
+    c->y = malloc(sizeof(float) * (size_t)(M * c->ldy + 1));
+}
+
+static void case_free(gemm_case *c) {
+    free(c->x), free(c->w), free(c->bias), free(c->y0), free(c->y);
+}
+
+/* Runs one path and checks every element and the guards; returns the path that ran. */
+static mha_gemm_path case_check(const gemm_case *c, mha_gemm_path path, int use_bias, int acc) {
+    memcpy(c->y, c->y0, sizeof(float) * (size_t)(c->M * c->ldy));
+    const float *bias = use_bias ? c->bias : NULL;
+    mha_gemm_path ran = mha_linear_f32_path(path, c->y, c->ldy, c->x, c->ldx, c->w, c->ldw, bias,
+                                            c->M, c->N, c->K, acc);
+    int bad = 0;
+    for (int64_t i = 0; i < c->M && bad < 3; i++) {
+        for (int64_t j = 0; j < c->ldy && bad < 3; j++) {
+            float got = c->y[i * c->ldy + j];
+            if (j >= c->N) {
+                if (got != GUARD) {
+                    test_fail(__FILE__, __LINE__, "%s M=%lld N=%lld K=%lld: guard (%lld,%lld) overwritten",
+                              mha_gemm_path_name(path), (long long)c->M, (long long)c->N,
+                              (long long)c->K, (long long)i, (long long)j);
+                    bad++;
+                }
+                continue;
+            }
+            double ref = 0, mag = 0;
+            for (int64_t k = 0; k < c->K; k++) {
+                double t = (double)c->x[i * c->ldx + k] * (double)c->w[j * c->ldw + k];
+                ref += t, mag += fabs(t);
+            }
+            if (bias)
+                ref += bias[j], mag += fabs(bias[j]);
+            if (acc)
+                ref += c->y0[i * c->ldy + j], mag += fabs(c->y0[i * c->ldy + j]);
+            double tol = (double)(c->K + 2) * 1.2e-7 * mag + 1e-30;
+            if (!(fabs(got - ref) <= tol)) {
+                test_fail(__FILE__, __LINE__,
+                          "%s M=%lld N=%lld K=%lld bias=%d acc=%d: y(%lld,%lld) = %.9g, ref %.9g, "
+                          "tol %.3g",
+                          mha_gemm_path_name(path), (long long)c->M, (long long)c->N,
+                          (long long)c->K, use_bias, acc, (long long)i, (long long)j, got, ref, tol);
+                bad++;
+            }
+        }
+    }
+    return ran;
+}
+
+static void check_all_variants(int64_t M, int64_t N, int64_t K, int64_t pad, uint64_t seed) {
+    gemm_case c;
+    case_make(&c, M, N, K, pad, seed);
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++)
+        for (int v = 0; v < 4; v++)
+            case_check(&c, paths[p], v & 1, v >> 1);
+    case_free(&c);
+}
+
+TEST(gemm_paths_resolve) {
+    /* the test covers the path it names wherever this machine has it */
+    CHECK(mha_gemm_resolve(MHA_GEMM_PORTABLE) == MHA_GEMM_PORTABLE);
+    if (mha_cpu_has_avx2_fma())
+        CHECK(mha_gemm_resolve(MHA_GEMM_AVX2) == MHA_GEMM_AVX2);
+#ifdef MHA_HAVE_CBLAS
+    CHECK(mha_gemm_resolve(MHA_GEMM_BLAS) == MHA_GEMM_BLAS);
+#endif
+    mha_gemm_path best = mha_gemm_resolve(MHA_GEMM_AUTO);
+    CHECK(best != MHA_GEMM_AUTO);
+    /* MHA_GEMM forces a path; an unknown value leaves the automatic one */
+    const char *old = getenv("MHA_GEMM");
+    char saved[32] = "";
+    if (old)
+        snprintf(saved, sizeof saved, "%s", old);
+    setenv("MHA_GEMM", "portable", 1);
+    CHECK(mha_gemm_resolve(MHA_GEMM_AUTO) == MHA_GEMM_PORTABLE);
+    setenv("MHA_GEMM", "avx2", 1);
+    CHECK(mha_gemm_resolve(MHA_GEMM_AUTO) == mha_gemm_resolve(MHA_GEMM_AVX2));
+    setenv("MHA_GEMM", "nonsense", 1);
+    mha_gemm_path fallback = mha_gemm_resolve(MHA_GEMM_AUTO);
+    if (old)
+        setenv("MHA_GEMM", saved, 1);
+    else
+        unsetenv("MHA_GEMM");
+    CHECK(fallback == mha_gemm_resolve(MHA_GEMM_AUTO) || old != NULL);
+}
+
+TEST(gemm_small_odd_shapes) {
+    static const int64_t dims[] = {1, 2, 3, 5, 6, 7, 11, 13, 16, 17, 23, 31, 32, 37, 47, 64, 70};
+    const int nd = (int)(sizeof dims / sizeof dims[0]);
+    uint64_t seed = 100;
+    /* M x N over every pair, K cycling through the list (and a stride pad cycling 0..2) */
+    for (int a = 0; a < nd; a++)
+        for (int b = 0; b < nd; b++) {
+            int64_t K = dims[(a * 7 + b * 3) % nd];
+            check_all_variants(dims[a], dims[b], K, (a + b) % 3, seed++);
+        }
+    /* every K of the list on one odd M x N */
+    for (int k = 0; k < nd; k++)
+        check_all_variants(13, 29, dims[k], 1, seed++);
+}
+
+TEST(gemm_k_zero_and_empty) {
+    check_all_variants(7, 19, 0, 2, 7);
+    check_all_variants(1, 1, 0, 0, 8);
+    check_all_variants(0, 5, 3, 1, 9);
+    check_all_variants(5, 0, 3, 1, 10);
+}
+
+TEST(gemm_block_crossing_shapes) {
+    /* around MC = 144, NC = 256, KC = 256 of the avx2 path, and the MHA sizes */
+    check_all_variants(145, 257, 257, 1, 20);
+    check_all_variants(150, 270, 513, 3, 21);
+    check_all_variants(289, 65, 256, 0, 22);
+    check_all_variants(67, 1536, 64, 0, 23);
+    check_all_variants(300, 96, 600, 5, 24);
+}
+
+TEST(gemm_avx2_bit_identical_across_threads) {
+    if (!mha_cpu_has_avx2_fma())
+        return;
+    gemm_case c;
+    case_make(&c, 301, 531, 517, 3, 40);
+    size_t n = (size_t)(c.M * c.ldy);
+    float *first = malloc(sizeof(float) * n);
+    static const int threads[] = {1, 2, 3, 7};
+    for (int t = 0; t < 4; t++) {
+        mha_set_num_threads(threads[t]);
+        memcpy(c.y, c.y0, sizeof(float) * n);
+        CHECK(mha_linear_f32_path(MHA_GEMM_AVX2, c.y, c.ldy, c.x, c.ldx, c.w, c.ldw, c.bias, c.M,
+                                  c.N, c.K, 1) == MHA_GEMM_AVX2);
+        if (t == 0)
+            memcpy(first, c.y, sizeof(float) * n);
+        else if (memcmp(first, c.y, sizeof(float) * n) != 0)
+            test_fail(__FILE__, __LINE__, "avx2 gemm differs at %d threads", threads[t]);
+    }
+    mha_set_num_threads(0);
+    free(first);
+    case_free(&c);
+}
+
+TEST(gemm_no_path_allocates) {
+    gemm_case c;
+    case_make(&c, 150, 270, 300, 1, 50);
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        int64_t before = mha_test_alloc_count();
+        case_check(&c, paths[p], 1, 0);
+        CHECK(mha_test_alloc_count() == before);
+    }
+    case_free(&c);
+}

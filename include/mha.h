@@ -388,6 +388,27 @@ MHA_API int64_t mha_kv_cache_length(const mha_kv_cache *cache);
 MHA_API mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q,
                                         const mha_kv_cache *cache, const mha_sdpa_options *opt);
 
+/* Token-by-token decoding through a TransformerDecoder stack (eval mode):
+ * per layer a self-attention KV cache of `capacity` tokens and the memory's
+ * cross-attention K/V, projected once here.  memory (B,S,E) contiguous;
+ * the weights' layout as mha_decoder_forward (the types are declared with
+ * the Transformer layers below).  Free with mha_decoder_cache_free. */
+typedef struct mha_decoder_cache mha_decoder_cache;
+struct mha_decoder_weights;
+struct mha_layer_options;
+MHA_API mha_status mha_decoder_cache_create(mha_decoder_cache **cache,
+                                            const struct mha_decoder_weights *w,
+                                            const mha_tensor *memory, int64_t num_heads,
+                                            int64_t capacity);
+MHA_API void mha_decoder_cache_free(mha_decoder_cache *cache);
+/* out (B,1,E) = the last row of mha_decoder_forward(tgt, memory) with a
+ * causal target mask, tgt being every token given so far, this one x
+ * (B,1,E) last.  No target/memory masks; no dropout. */
+MHA_API mha_status mha_decoder_decode_step(mha_tensor *out, const mha_tensor *x,
+                                           const struct mha_decoder_weights *w,
+                                           mha_decoder_cache *cache,
+                                           const struct mha_layer_options *opt);
+
 /* Merges n partial attention results over disjoint key blocks:
  * out (B,H,L,dv) = sum_p e^{lse_p - lse} out_p, lse = log sum_p e^{lse_p}.
  * parts_out[p] (B,H,L,dv), parts_lse[p] (B,H,L) (lse -inf: an empty part);

@@ -578,3 +578,93 @@ TEST(modern_fused_kernels_match_reference_on_every_option) {
     op.qk_out = &QK, op.qk_mode = 2, op.kernel = MHA_KERNEL_SCALAR;
     CHECK_STATUS(mha_sdpa_forward(&O, &Q, &K, &V, &op), MHA_ERR_UNSUPPORTED);
 }
+
+/* The decoder stack decoded token by token = the last row of the full
+ * causal forward, each step; pre- and post-norm; memory K/V projected once. */
+TEST(modern_decoder_decode_equals_causal_stack_forward) {
+    enum { NL = 2, B = 2, S = 5, E = 12, H = 3, F = 20, T = 9 };
+    static float wbuf[NL][4 * E * E + 4 * E + 4 * E * E + 4 * E + 2 * F * E + F + E + 6 * E];
+    static mha_tensor wt[NL][20];
+    mha_decoder_layer_weights lw[NL];
+    int64_t seed = 100;
+    for (int l = 0; l < NL; l++) {
+        float *p = wbuf[l];
+        int n = 0;
+#define MK(dst, nd, ...)                                                                  \
+    do {                                                                                  \
+        int64_t sh_[] = {__VA_ARGS__};                                                    \
+        int64_t cnt_ = 1;                                                                 \
+        for (int z_ = 0; z_ < nd; z_++)                                                   \
+            cnt_ *= sh_[z_];                                                              \
+        mha_randn(p, (size_t)cnt_, (uint64_t)seed++, 0.3f);                               \
+        mha_tensor_init(&wt[l][n], MHA_F32, p, nd, sh_);                                  \
+        dst = &wt[l][n++];                                                                \
+        p += cnt_;                                                                        \
+    } while (0)
+        memset(&lw[l], 0, sizeof lw[l]);
+        MK(lw[l].self_attn.in_proj_weight, 2, 3 * E, E);
+        MK(lw[l].self_attn.in_proj_bias, 1, 3 * E);
+        MK(lw[l].self_attn.out_proj_weight, 2, E, E);
+        MK(lw[l].self_attn.out_proj_bias, 1, E);
+        MK(lw[l].multihead_attn.in_proj_weight, 2, 3 * E, E);
+        MK(lw[l].multihead_attn.in_proj_bias, 1, 3 * E);
+        MK(lw[l].multihead_attn.out_proj_weight, 2, E, E);
+        MK(lw[l].multihead_attn.out_proj_bias, 1, E);
+        MK(lw[l].linear1_weight, 2, F, E);
+        MK(lw[l].linear1_bias, 1, F);
+        MK(lw[l].linear2_weight, 2, E, F);
+        MK(lw[l].linear2_bias, 1, E);
+        MK(lw[l].norm1_weight, 1, E);
+        MK(lw[l].norm1_bias, 1, E);
+        MK(lw[l].norm2_weight, 1, E);
+        MK(lw[l].norm2_bias, 1, E);
+        MK(lw[l].norm3_weight, 1, E);
+        MK(lw[l].norm3_bias, 1, E);
+#undef MK
+    }
+    float mem[B * S * E], tgt[B * T * E], full[B * T * E], step[B * E], nw[E], nb[E];
+    mha_randn(mem, B * S * E, 7, 1.0f);
+    mha_randn(tgt, B * T * E, 8, 1.0f);
+    mha_randn(nw, E, 9, 0.3f);
+    mha_randn(nb, E, 10, 0.3f);
+    mha_tensor NW, NB, M;
+    mha_tensor_init(&NW, MHA_F32, nw, 1, (int64_t[]){E});
+    mha_tensor_init(&NB, MHA_F32, nb, 1, (int64_t[]){E});
+    mha_tensor_init(&M, MHA_F32, mem, 3, (int64_t[]){B, S, E});
+    mha_decoder_weights w = {NL, lw, 1, &NW, &NB};
+    for (int nf = 0; nf < 2; nf++) {
+        mha_layer_options o;
+        mha_layer_options_init(&o);
+        o.num_heads = H, o.norm_first = nf, o.activation = MHA_ACT_GELU;
+        mha_decoder_cache *c;
+        REQUIRE_OK(mha_decoder_cache_create(&c, &w, &M, H, T));
+        double worst = 0;
+        for (int t = 0; t < T; t++) {
+            float xt[B * E];
+            for (int b = 0; b < B; b++)
+                memcpy(xt + b * E, tgt + (b * T + t) * E, sizeof(float) * E);
+            mha_tensor X, Y;
+            mha_tensor_init(&X, MHA_F32, xt, 3, (int64_t[]){B, 1, E});
+            mha_tensor_init(&Y, MHA_F32, step, 3, (int64_t[]){B, 1, E});
+            REQUIRE_OK(mha_decoder_decode_step(&Y, &X, &w, c, &o));
+            /* the full stack over tokens 0..t with a causal target mask */
+            float tg[B * T * E];
+            for (int b = 0; b < B; b++)
+                memcpy(tg + b * (t + 1) * E, tgt + b * T * E, sizeof(float) * (size_t)((t + 1) * E));
+            mha_tensor TG, FO;
+            mha_tensor_init(&TG, MHA_F32, tg, 3, (int64_t[]){B, t + 1, E});
+            mha_tensor_init(&FO, MHA_F32, full, 3, (int64_t[]){B, t + 1, E});
+            mha_layer_masks mk = {0};
+            mk.causal = 1;
+            REQUIRE_OK(mha_decoder_forward(&FO, &TG, &M, &w, &mk, &o, NULL, 0));
+            for (int b = 0; b < B; b++)
+                for (int e = 0; e < E; e++)
+                    worst = fmax(worst, fabs(step[b * E + e] - full[(b * (t + 1) + t) * E + e]));
+        }
+        CHECK(worst < 2e-5);
+        if (nf == 1)
+            printf("  decoder decode: %d steps x 2 layers, pre/post-norm, worst |step - full| %.2g\n",
+                   T, worst);
+        mha_decoder_cache_free(c);
+    }
+}

@@ -10,6 +10,11 @@
  * --reps runs after one warm-up run whose output is the one validated.
  * Large cases are validated on a window of query rows (the last rows, which
  * see every key under causal masking) against the reference on that window.
+ * --backward times mha_sdpa_backward (op attention_bwd) or
+ * mha_multihead_backward (op mha_bwd) beside their forward: backward FLOPs
+ * = 2.5 x attention forward FLOPs (FlashAttention's accounting) + 2 x the
+ * projections'.  The attention backward is validated with dout zero outside
+ * a window of query rows, against the reference backward of that window.
  */
 #include "cli.h"
 
@@ -41,7 +46,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: mha bench [--batch B --heads H [--kv-heads Hkv] --seq L [--kv-seq S]\n"
             "                  --head-dim d] [--causal] [--threads N] [--mha] [--json]\n"
-            "                  [--kernel ref|scalar|avx2|all] [--reps N]\n"
+            "                  [--kernel ref|scalar|avx2|all] [--reps N] [--backward]\n"
             "\n"
             "Times scaled dot-product attention (or, with --mha, the whole\n"
             "nn.MultiheadAttention self-attention forward, E = H*d, need_weights off),\n"
@@ -50,6 +55,10 @@ static void usage(FILE *f) {
             "  --kernel K   default: the fastest kernel of this CPU; all: ref, scalar, avx2\n"
             "  --reps N     timed runs per case (median reported), default 5\n"
             "  --json       one JSON object per case and kernel per line\n"
+            "  --backward   time the backward beside the forward of the same case and\n"
+            "               kernel (ops attention_bwd, with --mha mha_bwd): bwd and fwd\n"
+            "               ms, the bwd/fwd ratio, GFLOP/s of the backward counted as\n"
+            "               2.5 x the attention forward FLOPs (+ 2 x the projections')\n"
             "FLOPs: attention 4*B*H*L*S*d (halved when causal), projections 2*M*N*K.\n"
             "peak_gflops: an FMA-bound loop measured with the case's threads.\n"
             "\nexit status: 0 ok, 2 bad arguments, 1 validation failure or internal error\n");

@@ -197,10 +197,6 @@ typedef struct bwd_ws {
     float *kp;   /* (dp/NR, BC, NR) K panels                           */
     float *dk;   /* (BC, dp)  dK of the block (unscaled)               */
     float *dv;   /* (BC, dvp) dV of the block                          */
-    float *q;    /* (BR, d)   query rows of the tile, zero past L      */
-    float *qp;   /* (dp/NR, BR, NR) Q panels                           */
-    float *dout; /* (BR, dv)  dO rows                                  */
-    float *dop;  /* (dvp/NR, BR, NR) dO panels                         */
     float *s;    /* (BR, BC)  S, then P (times the dropout factor)     */
     float *dp;   /* (BR, BC)  dP, then dS                              */
     float *bias; /* (BC)      one row's additive bias                  */
@@ -213,7 +209,8 @@ typedef struct bwd_ctx {
     const mha_bwd_isa *isa;
     const float *lse, *delta; /* (B*Hq*L) row statistics                     */
     float *dq_part;           /* (nsplit, B*Hq*L, dp) partial dQ, or NULL    */
-    int64_t nblk, nsplit, dp, dvp;
+    float *tiles;             /* (B*Hq, ntile, tile_floats) packed Q and dO  */
+    int64_t nblk, nsplit, dp, dvp, ntile, tile_floats;
     bool plain;               /* bias is 0 or causal -inf (no mask tensors,
                                  window, key lengths, ALiBi)                 */
     bool scalar_rows;         /* dropout or softcap: per-element epilogue    */
@@ -221,14 +218,12 @@ typedef struct bwd_ctx {
 
 static size_t ws_layout(const bwd_ctx *c, float *base, bwd_ws *w) {
     const int64_t d = c->p->d, dv = c->p->dv, dp = c->dp, dvp = c->dvp;
-    const size_t sizes[13] = {
-        (size_t)(BC * d), (size_t)(BC * dv), (size_t)(dp * BC), (size_t)(BC * dp),
-        (size_t)(BC * dvp), (size_t)(BR * d), (size_t)(dp * BR), (size_t)(BR * dv),
-        (size_t)(dvp * BR), (size_t)(BR * BC), (size_t)(BR * BC), BC, (size_t)(BR * dp)};
-    float **dst[13] = {&w->kt, &w->vt, &w->kp, &w->dk, &w->dv, &w->q, &w->qp,
-                       &w->dout, &w->dop, &w->s, &w->dp, &w->bias, &w->dq};
+    const size_t sizes[9] = {(size_t)(BC * d),   (size_t)(BC * dv),  (size_t)(dp * BC),
+                             (size_t)(BC * dp),  (size_t)(BC * dvp), (size_t)(BR * BC),
+                             (size_t)(BR * BC),  BC,                 (size_t)(BR * dp)};
+    float **dst[9] = {&w->kt, &w->vt, &w->kp, &w->dk, &w->dv, &w->s, &w->dp, &w->bias, &w->dq};
     size_t off = 0;
-    for (int i = 0; i < 13; i++) {
+    for (int i = 0; i < 9; i++) {
         if (base)
             *dst[i] = base + off;
         off += (sizes[i] + 15) / 16 * 16;
@@ -313,25 +308,57 @@ static void row_grad_general(const bwd_ctx *c, float *s, float *dp, int64_t lim,
     }
 }
 
+/* The packed query tile t of row block bh = b*Hq + h, each part on its own
+ * 64-byte line: Q rows (BR, d) and panels (dp/NR, BR, NR), dO rows (BR, dv)
+ * and panels (dvp/NR, BR, NR), then one float: 1 when all are finite.
+ * Packed once before the key blocks, which all reuse it. */
+typedef struct bwd_tile {
+    float *q, *qp, *dout, *dop, *finite;
+} bwd_tile;
+
+static int64_t tile_layout(const bwd_ctx *c, float *base, bwd_tile *t) {
+    const int64_t sizes[5] = {BR * c->p->d, c->dp * BR, BR * c->p->dv, c->dvp * BR, 1};
+    float **dst[5] = {&t->q, &t->qp, &t->dout, &t->dop, &t->finite};
+    int64_t off = 0;
+    for (int i = 0; i < 5; i++) {
+        if (base)
+            *dst[i] = base + off;
+        off += round_up(sizes[i], 16);
+    }
+    return off;
+}
+
+static void pack_tile(const bwd_ctx *c, int64_t bh, int64_t qt) {
+    const mha_attn_problem *p = c->p;
+    const mha_attn_grad *g = c->g;
+    const int64_t b = bh / p->Hq, h = bh % p->Hq, i0 = qt * BR;
+    const int64_t nr = p->L - i0 < BR ? p->L - i0 : BR;
+    bwd_tile t;
+    tile_layout(c, c->tiles + (bh * c->ntile + qt) * c->tile_floats, &t);
+    const float *qsrc = (const float *)p->q.data + b * p->q.stride[0] + h * p->q.stride[1] +
+                        i0 * p->q.stride[2];
+    const float *osrc = (const float *)g->dout.data + b * g->dout.stride[0] +
+                        h * g->dout.stride[1] + i0 * g->dout.stride[2];
+    bool fin = pack_rows(qsrc, p->q.stride[2], p->q.stride[3], nr, p->d, BR, BR, t.q, t.qp);
+    bool ofin = pack_rows(osrc, g->dout.stride[2], g->dout.stride[3], nr, p->dv, BR, BR, t.dout,
+                          t.dop);
+    t.finite[0] = (float)(fin ? 1 : 0) + (float)(ofin ? 2 : 0);
+}
+
 /* One query tile [i0, i0+nr) of head h against the packed key block
  * [j0, j0+nc): adds into w->dk, w->dv and the split's dQ partial. */
 static void tile_backward(const bwd_ctx *c, bwd_ws *w, int64_t b, int64_t h, int64_t i0,
                           int64_t nr, int64_t j0, int64_t nc, bool kfinite, float *dq_part) {
     const mha_attn_problem *p = c->p;
-    const mha_attn_grad *g = c->g;
     const mha_bwd_isa *isa = c->isa;
     const int64_t d = p->d, dvd = p->dv, dp = c->dp, dvp = c->dvp;
     const int64_t nrp = round_up(nr, MR), row0 = (b * p->Hq + h) * p->L;
 
-    /* pack Q and dO: row-major (A of S, dP) and panels (B of dK, dV) */
-    const float *qsrc = (const float *)p->q.data + b * p->q.stride[0] + h * p->q.stride[1] +
-                        i0 * p->q.stride[2];
-    const float *osrc = (const float *)g->dout.data + b * g->dout.stride[0] +
-                        h * g->dout.stride[1] + i0 * g->dout.stride[2];
-    const bool qfinite = pack_rows(qsrc, p->q.stride[2], p->q.stride[3], nr, d, nrp, BR, w->q,
-                                   w->qp);
-    const bool ofinite = pack_rows(osrc, g->dout.stride[2], g->dout.stride[3], nr, dvd, nrp, BR,
-                                   w->dout, w->dop);
+    /* the packed Q and dO: rows (A of S, dP) and panels (B of dK, dV) */
+    bwd_tile t;
+    tile_layout(c, c->tiles + ((b * p->Hq + h) * c->ntile + i0 / BR) * c->tile_floats, &t);
+    const int fin = (int)t.finite[0];
+    const bool qfinite = (fin & 1) != 0, ofinite = (fin & 2) != 0;
 
     /* S = Q K^T, dP = dO V^T per group of MR rows, only over the panels the
      * group's last row can see */
@@ -341,8 +368,8 @@ static void tile_backward(const bwd_ctx *c, bwd_ws *w, int64_t b, int64_t h, int
         if (ng == 0)
             continue;
         const int64_t np = (ng + NR - 1) / NR;
-        isa->gemm(w->s + g0 * BC, BC, w->q + g0 * d, d, 1, w->kt, d * NR, d, np, false);
-        isa->gemm(w->dp + g0 * BC, BC, w->dout + g0 * dvd, dvd, 1, w->vt, dvd * NR, dvd, np,
+        isa->gemm(w->s + g0 * BC, BC, t.q + g0 * d, d, 1, w->kt, d * NR, d, np, false);
+        isa->gemm(w->dp + g0 * BC, BC, t.dout + g0 * dvd, dvd, 1, w->vt, dvd * NR, dvd, np,
                   false);
         ncv = ng > ncv ? ng : ncv;
     }
@@ -373,9 +400,9 @@ static void tile_backward(const bwd_ctx *c, bwd_ws *w, int64_t b, int64_t h, int
      * zero-skipping loop, so masked entries never multiply it. */
     const int64_t ncvp = round_up(ncv, MR);
     for (int64_t k0 = 0; k0 < ncvp; k0 += MR) {
-        (ofinite ? isa->gemm : gemm_skip_zero)(w->dv + k0 * dvp, dvp, w->s + k0, 1, BC, w->dop,
+        (ofinite ? isa->gemm : gemm_skip_zero)(w->dv + k0 * dvp, dvp, w->s + k0, 1, BC, t.dop,
                                                 BR * NR, nr, dvp / NR, true);
-        (qfinite ? isa->gemm : gemm_skip_zero)(w->dk + k0 * dp, dp, w->dp + k0, 1, BC, w->qp,
+        (qfinite ? isa->gemm : gemm_skip_zero)(w->dk + k0 * dp, dp, w->dp + k0, 1, BC, t.qp,
                                                 BR * NR, nr, dp / NR, true);
     }
     if (!dq_part)
@@ -459,11 +486,17 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
             c.nsplit = c.nblk;
     }
 
-    /* one allocation: lse, delta (rows each), dQ partials, thread workspace */
+    /* one allocation: lse, delta (rows each), thread workspace, packed
+     * query tiles, dQ partials */
     const size_t per = ws_layout(&c, NULL, &(bwd_ws){0});
-    size_t n_part = 0, n_ws = 0, total = 0;
+    c.ntile = (p->L + BR - 1) / BR;
+    c.tile_floats = tile_layout(&c, NULL, &(bwd_tile){0});
+    size_t n_part = 0, n_ws = 0, n_tiles = 0, total = 0;
     MHA_CHECK(!mha_size_mul_overflows((size_t)c.nsplit * (size_t)rows, (size_t)c.dp, &n_part) &&
                   !mha_size_mul_overflows(per, (size_t)nthreads, &n_ws) &&
+                  !mha_size_mul_overflows((size_t)(p->B * p->Hq * c.ntile),
+                                          (size_t)c.tile_floats, &n_tiles) &&
+                  !__builtin_add_overflow(n_ws, n_tiles, &n_ws) &&
                   !__builtin_add_overflow(n_part, n_ws, &total) &&
                   !__builtin_add_overflow(total, 2 * (size_t)rows + 16, &total),
               MHA_ERR_OVERFLOW, "attention backward: workspace size overflows");
@@ -474,6 +507,7 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
         return mha_error(MHA_ERR_NOMEM, "attention backward: cannot allocate %zu floats", total);
     float *lse = buf, *delta = buf + rows;
     float *scratch = buf + round_up(2 * rows, 16); /* 64-byte aligned */
+    c.tiles = scratch + (n_ws - n_tiles);
     c.dq_part = n_part ? scratch + n_ws : NULL;
     if (n_part)
         memset(c.dq_part, 0, sizeof(float) * n_part);
@@ -506,9 +540,12 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
     }
     c.lse = lse, c.delta = delta;
 
-    const int64_t tasks = pairs * c.nsplit;
+    const int64_t tasks = pairs * c.nsplit, ntiles = p->B * p->Hq * c.ntile;
 #pragma omp parallel num_threads(nthreads)
     {
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < ntiles; t++)
+            pack_tile(&c, t / c.ntile, t % c.ntile);
         int tid = 0;
 #ifdef _OPENMP
         tid = omp_get_thread_num();

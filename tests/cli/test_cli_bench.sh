@@ -1,6 +1,6 @@
 #!/bin/sh
 # test_cli_bench.sh - `mha bench`: JSON fields, validation of every kernel,
-# --mha, argument errors (exit 2).  Tiny shapes only: this is not a timing.
+# --mha, --backward (attention_bwd, mha_bwd), argument errors (exit 2).  Tiny shapes only: this is not a timing.
 B=${MHA_BUILD:-build}
 MHA=$B/mha
 T=$(mktemp -d)
@@ -23,6 +23,25 @@ grep -q '"kernel":"ref"' "$T/out" && grep -q '"kernel":"scalar"' "$T/out" && ok 
 
 "$MHA" bench --batch 1 --heads 2 --seq 20 --head-dim 8 --mha --reps 1 --json >"$T/out" 2>"$T/err"
 [ $? -eq 0 ] && grep -q '^{"op":"mha"' "$T/out" && ok || ko "--mha: $(cat "$T/err")"
+
+# --backward: attention_bwd per kernel (validated against the reference
+# backward first), then mha_bwd; fields of the ratio to the forward
+"$MHA" bench --backward --batch 2 --heads 4 --kv-heads 2 --seq 37 --kv-seq 53 --head-dim 24 \
+    --causal --threads 2 --kernel all --reps 1 --json >"$T/out" 2>"$T/err"
+[ $? -eq 0 ] && ok || ko "bench --backward all kernels: $(cat "$T/err")"
+n=$(grep -c '^{"op":"attention_bwd"' "$T/out")
+[ "$n" -ge 2 ] && ok || ko "want an attention_bwd line per kernel, got $n"
+for f in ms fwd_ms ratio gflops max_err; do
+    grep -q "\"$f\":" "$T/out" && ok || ko "backward field $f missing"
+done
+grep -q '"kernel":"ref"' "$T/out" && grep -q '"kernel":"scalar"' "$T/out" && ok || ko "bwd kernels"
+grep -q '"max_err":null' "$T/out" && ko "attention_bwd must be validated" || ok
+"$MHA" bench --backward --batch 1 --heads 2 --seq 20 --head-dim 8 >"$T/out" 2>"$T/err"
+[ $? -eq 0 ] && grep -q '^attention_bwd .* ratio ' "$T/out" && ok || ko "bwd text: $(cat "$T/err")"
+"$MHA" bench --backward --mha --batch 1 --heads 2 --seq 20 --head-dim 8 --reps 1 --json \
+    >"$T/out" 2>"$T/err"
+[ $? -eq 0 ] && grep -q '^{"op":"mha_bwd"' "$T/out" && grep -q '"ratio":' "$T/out" \
+    && ! grep -q '"max_err":null' "$T/out" && ok || ko "--backward --mha: $(cat "$T/err")"
 
 "$MHA" bench --heads 3 --kv-heads 2 --seq 8 --head-dim 4 2>"$T/err"
 [ $? -eq 2 ] && grep -q "does not divide" "$T/err" && ok || ko "kv-heads must divide heads"

@@ -165,8 +165,7 @@ mha_status mha_attn_check_modern(mha_attn_problem *p, const mha_sdpa_options *op
 }
 
 bool mha_attn_needs_ref(const mha_attn_problem *p) {
-    /* The fused kernels serve every option but two: float64 softmax (the
-     * reference's by design) and the ONNX debug outputs of modes 0-2, which
-     * need the scores of masked keys too (mode 3 is the weights, fused). */
-    return p->softmax_f64 || (p->qk.data && p->qk_mode < 3);
+    /* The fused kernels serve every option but float64 softmax, the
+     * reference's by design. */
+    return p->softmax_f64;
 }

@@ -278,6 +278,33 @@ static bool score_block(const flash_plan *pl, const flash_ws *w, int64_t b, int6
     return any;
 }
 
+/* The ONNX qk_matmul_output of modes 0-2 for the tile's rows: the scores of
+ * every key, masked ones included (mode 0 scaled, 1 after softcap, 2 plus
+ * the bias, -inf where masked). */
+static void write_scores(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t h,
+                         int64_t i0, int64_t rows, const float *kpack) {
+    const mha_attn_problem *p = pl->p;
+    const int64_t d = p->d;
+    float *qt = (float *)p->qk.data + b * p->qk.stride[0] + h * p->qk.stride[1];
+    for (int64_t kb = 0; kb < pl->nkb; kb++) {
+        const int64_t j0 = kb * BC, n = p->S - j0 < BC ? p->S - j0 : BC;
+        for (int64_t g0 = 0; g0 < rows; g0 += MR)
+            pl->isa->qk(w->s + g0 * BC, BC, w->qp + g0 * d, d, kpack + kb * BC * d, d,
+                        (n + NR - 1) / NR);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t j = 0; j < n; j++) {
+                float x = w->s[r * BC + j] * pl->scale;
+                if (p->qk_mode >= 1)
+                    x = mha_attn_softcap(x, p->softcap);
+                if (p->qk_mode == 2) {
+                    float bias = mha_attn_bias(p, b, h, i0 + r, j0 + j);
+                    x = bias == -INFINITY ? -INFINITY : x + bias;
+                }
+                qt[(i0 + r) * p->qk.stride[2] + (j0 + j) * p->qk.stride[3]] = x;
+            }
+    }
+}
+
 static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t h, int64_t hk,
                      int64_t qb, const float *pair, const bool *vflags) {
     const mha_attn_problem *p = pl->p;
@@ -387,6 +414,9 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
             lse[(i0 + r) * p->lse.stride[2]] =
                 w->m[r] == -INFINITY ? -INFINITY : w->m[r] + logf(w->l[r]);
     }
+
+    if (p->qk.data && p->qk_mode < 3)
+        write_scores(pl, w, b, h, i0, rows, kpack);
 
     /* write the output rows */
     float *o = (float *)p->o.data + b * p->o.stride[0] + h * p->o.stride[1];

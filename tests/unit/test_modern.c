@@ -571,11 +571,28 @@ TEST(modern_fused_kernels_match_reference_on_every_option) {
                 CHECK(maxdiff(w[kk], w[0], B * HQ * L * S) < 2e-5);
         }
     }
-    /* the debug outputs of modes 0-2 stay with the reference: no silent fallback */
-    mha_tensor O = t4(o[1], B, HQ, L, DV), QK = t4(qk[1], B, HQ, L, S);
+    /* the ONNX debug scores of modes 0-2 (masked keys included) */
+    for (int mode = 0; mode < 3; mode++) {
+        for (int kk = 0; kk < nk; kk++) {
+            mha_tensor O = t4(o[kk], B, HQ, L, DV), QK = t4(qk[kk], B, HQ, L, S);
+            mha_sdpa_options op;
+            mha_sdpa_options_init(&op);
+            op.kernel = kernels[kk];
+            op.qk_out = &QK, op.qk_mode = mode, op.softcap = 3.0f, op.mask = &M;
+            op.causal = MHA_CAUSAL_OFFSET, op.causal_offsets = &Os, op.alibi_slopes = &A;
+            op.window_left = 5, op.onnx_scale = mode == 1;
+            REQUIRE_OK(mha_sdpa_forward(&O, &Q, &K, &V, &op));
+        }
+        for (int kk = 1; kk < nk; kk++) {
+            CHECK(maxdiff(qk[kk], qk[0], B * HQ * L * S) < 2e-5);
+            CHECK(maxdiff(o[kk], o[0], B * HQ * L * DV) < 2e-5);
+        }
+    }
+    /* float64 softmax is the reference's: an explicit fused kernel refuses it */
+    mha_tensor O = t4(o[1], B, HQ, L, DV);
     mha_sdpa_options op;
     mha_sdpa_options_init(&op);
-    op.qk_out = &QK, op.qk_mode = 2, op.kernel = MHA_KERNEL_SCALAR;
+    op.softmax_precision = MHA_SOFTMAX_F64, op.kernel = MHA_KERNEL_SCALAR;
     CHECK_STATUS(mha_sdpa_forward(&O, &Q, &K, &V, &op), MHA_ERR_UNSUPPORTED);
 }
 

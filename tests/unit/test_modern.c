@@ -685,3 +685,71 @@ TEST(modern_decoder_decode_equals_causal_stack_forward) {
         mha_decoder_cache_free(c);
     }
 }
+
+/* Allocation failures in the new entry points: every k-th allocation fails
+ * (once, then persistently) -> MHA_ERR_NOMEM with a message, nothing leaked. */
+typedef mha_status (*modern_call)(void);
+
+static void modern_oom(const char *name, modern_call call) {
+    for (int persistent = 0; persistent <= 1; persistent++)
+        for (int64_t k = 1; k < 1000; k++) {
+            int64_t live0 = mha_test_live_allocs(), count0 = mha_test_alloc_count();
+            mha_test_fail_alloc(k, persistent);
+            mha_status st = call();
+            mha_test_fail_alloc(0, 0);
+            if (mha_test_live_allocs() != live0)
+                test_fail(__FILE__, __LINE__, "%s: k=%lld leaked", name, (long long)k);
+            if (mha_test_alloc_count() - count0 < k) {
+                if (st != MHA_OK)
+                    test_fail(__FILE__, __LINE__, "%s: %s", name, mha_last_error());
+                break;
+            }
+            if (st != MHA_ERR_NOMEM || !mha_last_error()[0])
+                test_fail(__FILE__, __LINE__, "%s: k=%lld -> %s, want NOMEM", name, (long long)k,
+                          mha_status_string(st));
+        }
+}
+
+static mha_status oom_onnx(void) {
+    static float q[2 * 3 * 4 * 8], k[2 * 3 * 6 * 8], pk[2 * 3 * 5 * 8], y[2 * 3 * 4 * 8];
+    static float mk[4 * 7];
+    mha_tensor Q = t4(q, 2, 3, 4, 8), K = t4(k, 2, 3, 6, 8), P = t4(pk, 2, 3, 5, 8);
+    mha_tensor Y = t4(y, 2, 3, 4, 8), M;
+    mha_tensor_init(&M, MHA_F32, mk, 2, (int64_t[]){4, 7}); /* shorter than 11: padded */
+    mha_onnx_attention_options o;
+    mha_onnx_attention_options_init(&o);
+    o.is_causal = 1, o.left_window_size = 3;
+    return mha_onnx_attention(&Y, NULL, NULL, NULL, &Q, &K, &K, &M, &P, &P, NULL, &o);
+}
+
+static mha_status oom_rope_sdpa(void) {
+    static float q[1 * 2 * 5 * 4], o[1 * 2 * 5 * 4];
+    mha_tensor Q = t4(q, 1, 2, 5, 4), O = t4(o, 1, 2, 5, 4);
+    mha_sdpa_options op;
+    mha_sdpa_options_init(&op);
+    op.rope = MHA_ROPE_HALF_SPLIT, op.causal = MHA_CAUSAL_TOP_LEFT;
+    return mha_sdpa_forward(&O, &Q, &Q, &Q, &op);
+}
+
+static mha_status oom_decode(void) {
+    static float kv[2 * 2 * 300 * 4], q[2 * 4 * 4], o[2 * 4 * 4];
+    mha_kv_cache *c;
+    MHA_TRY(mha_kv_cache_create(&c, 2, 2, 300, 4, 4, 0));
+    mha_tensor K = t4(kv, 2, 2, 300, 4), Q = t4(q, 2, 4, 1, 4), O = t4(o, 2, 4, 1, 4);
+    mha_status st = mha_kv_cache_append(c, &K, &K);
+    mha_sdpa_options op;
+    mha_sdpa_options_init(&op);
+    if (st == MHA_OK)
+        st = mha_attention_decode(&O, &Q, c, &op);
+    op.kernel = MHA_KERNEL_REF;
+    if (st == MHA_OK)
+        st = mha_attention_decode(&O, &Q, c, &op);
+    mha_kv_cache_free(c);
+    return st;
+}
+
+TEST(modern_allocation_failures_leak_nothing) {
+    modern_oom("mha_onnx_attention", oom_onnx);
+    modern_oom("mha_sdpa_forward rope", oom_rope_sdpa);
+    modern_oom("kv cache + decode", oom_decode);
+}

@@ -753,3 +753,52 @@ TEST(modern_allocation_failures_leak_nothing) {
     modern_oom("mha_sdpa_forward rope", oom_rope_sdpa);
     modern_oom("kv cache + decode", oom_decode);
 }
+
+/* A sliding window larger than a split, wrapped several times: the ring's
+ * slots out of position order, ALiBi on positions, merged over splits. */
+TEST(modern_decode_window_ring_across_splits) {
+    enum { HQ = 4, HKV = 2, D = 8, T = 1000, W = 600 };
+    float *k = malloc(sizeof(float) * HKV * T * D), *v = malloc(sizeof(float) * HKV * T * D);
+    float *full = malloc(sizeof(float) * HQ * T * D), q[HQ * D], out[HQ * D];
+    float *qa = malloc(sizeof(float) * HQ * T * D);
+    REQUIRE(k && v && full && qa);
+    mha_randn(k, HKV * T * D, 81, 1.0f);
+    mha_randn(v, HKV * T * D, 82, 1.0f);
+    mha_randn(qa, HQ * T * D, 83, 1.0f);
+    float slopes[HQ] = {0.01f, 0.002f, 0.0f, 0.05f};
+    mha_tensor A;
+    mha_tensor_init(&A, MHA_F32, slopes, 1, (int64_t[]){HQ});
+    mha_kv_cache *c;
+    REQUIRE_OK(mha_kv_cache_create(&c, 1, HKV, W, D, D, W));
+    /* prefill 950 tokens one block (the ring keeps the last 600), then 50 steps */
+    mha_tensor K = t4(k, 1, HKV, 950, D), V = t4(v, 1, HKV, 950, D);
+    K.stride[1] = T * D, V.stride[1] = T * D;
+    REQUIRE_OK(mha_kv_cache_append(c, &K, &V));
+    double worst = 0;
+    for (int t = 950; t < T; t++) {
+        mha_tensor Kt = t4(k + t * D, 1, HKV, 1, D), Vt = t4(v + t * D, 1, HKV, 1, D);
+        Kt.stride[1] = T * D, Vt.stride[1] = T * D;
+        REQUIRE_OK(mha_kv_cache_append(c, &Kt, &Vt));
+        for (int h = 0; h < HQ; h++)
+            memcpy(q + h * D, qa + (h * T + t) * D, sizeof(float) * D);
+        mha_tensor Qt = t4(q, 1, HQ, 1, D), Ot = t4(out, 1, HQ, 1, D);
+        mha_sdpa_options o;
+        mha_sdpa_options_init(&o);
+        o.alibi_slopes = &A;
+        REQUIRE_OK(mha_attention_decode(&Ot, &Qt, c, &o));
+        if (t % 7 != 0 && t != T - 1)
+            continue; /* the full forward is the slow part: every 7th step */
+        mha_tensor Q = t4(qa, 1, HQ, t + 1, D), Kf = t4(k, 1, HKV, t + 1, D);
+        mha_tensor Vf = t4(v, 1, HKV, t + 1, D), O = t4(full, 1, HQ, t + 1, D);
+        Q.stride[1] = T * D, Kf.stride[1] = T * D, Vf.stride[1] = T * D;
+        o.causal = MHA_CAUSAL_TOP_LEFT, o.window_left = W - 1, o.window_right = 0;
+        REQUIRE_OK(mha_sdpa_forward(&O, &Q, &Kf, &Vf, &o));
+        for (int h = 0; h < HQ; h++)
+            for (int x = 0; x < D; x++)
+                worst = fmax(worst, fabs(out[h * D + x] - full[(h * (t + 1) + t) * D + x]));
+    }
+    CHECK(worst < 1e-5);
+    CHECK(mha_kv_cache_length(c) == W && mha_kv_cache_position(c) == T);
+    mha_kv_cache_free(c);
+    free(k), free(v), free(full), free(qa);
+}

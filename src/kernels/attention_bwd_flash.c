@@ -1,4 +1,6 @@
-/* attention_bwd_flash.c - fused (flash-style) attention backward, portable C.
+/* attention_bwd_flash.c - fused (flash-style) attention backward: the driver
+ * shared by every ISA, and the portable inner loops (attention_bwd_avx2.c has
+ * the AVX2+FMA ones).
  *
  * Letter legend: B batch, Hq query heads, Hkv kv heads, L query length,
  * S key length, d head dim of q/k, dv head dim of v, G = Hq/Hkv; tiles of
@@ -9,19 +11,24 @@
  *
  * 1. Row statistics: lse (from the forward, or recomputed) and
  *    D_i = dO_i . O_i (from the forward's output, or recomputed).
- * 2. Tasks (b, kv head, split): a split is a fixed contiguous range of key
- *    blocks.  Per key block: pack K, K^T, V^T; then for each query head of
- *    the group and each query tile: S = Q K^T, dP = dO V^T, and per element
- *    P = exp(scale s + bias - lse), Z the dropout factor,
- *    dV_blk += (P Z)^T dO,  dS = P (Z dP - D),  dK_blk += dS^T Q,
- *    dQ_part += dS K.  dK/dV of the block are then added to the caller's
- *    (the task owns those rows); dQ goes to the split's own partial buffer.
+ * 2. Query tiles of BR rows: Q and dO packed once (rows and NR-column
+ *    panels).  Tasks (b, kv head, split): a split is a fixed contiguous range
+ *    of key blocks.  Per key block: pack K^T, V^T and K panels; then for each
+ *    query head of the group and each query tile, through the ISA's one
+ *    register-blocked product (A read through a row and a column stride):
+ *    S = Q K^T, dP = dO V^T; per row P = exp(scale s + bias - lse), Z the
+ *    dropout factor, dS = P (Z dP - D) (row_grad); dV_blk += (P Z)^T dO,
+ *    dK_blk += dS^T Q (A = the tile read transposed), dQ_part += dS K.
+ *    dK/dV of the block are then added to the caller's (the task owns those
+ *    rows); dQ goes to the split's own partial buffer.
  * 3. dq += sum over splits of the partial buffers, in split order.
  * The number of splits depends only on the problem size (enough tasks for
  * small B*Hkv), never on the thread count; every task runs the same code
  * wherever it lands, so results are bit-identical for any thread count.
- * Masked entries get dS = 0 exactly and are skipped in the products, so
- * NaN/Inf in masked keys or values never reach a gradient.
+ * Masked entries get P = dS = 0 exactly (selected, never multiplied); a key
+ * block, query tile or dO tile holding a NaN/Inf takes a zero-skipping
+ * product wherever it is the B operand, so NaN/Inf in masked keys, values or
+ * dead rows never reach a gradient.
  */
 #include "attention_bwd.h"
 

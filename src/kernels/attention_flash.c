@@ -335,9 +335,15 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
         int64_t kbl = sb <= 0 ? 0 : (sb < p->S ? (sb + BC - 1) / BC : pl->nkb);
         nkb = kbl < nkb ? kbl : nkb;
     }
+    /* the first key any row of the tile can see under a left window */
+    int64_t kb0 = 0;
+    if (p->window && p->window_left >= 0) {
+        int64_t first = i0 + mha_attn_offset(p, b) - p->window_left;
+        kb0 = first <= 0 ? 0 : first / BC;
+    }
     const float keep = p->dropout ? 1.0f / (1.0f - p->dropout_p) : 1.0f;
 
-    for (int64_t kb = 0; kb < nkb; kb++) {
+    for (int64_t kb = kb0; kb < nkb; kb++) {
         const int64_t j0 = kb * BC;
         if (!score_block(pl, w, b, h, i0, rows, kb, kpack + kb * BC * d, ncg))
             continue;

@@ -802,3 +802,36 @@ TEST(modern_decode_window_ring_across_splits) {
     mha_kv_cache_free(c);
     free(k), free(v), free(full), free(qa);
 }
+
+/* Windows over many key blocks (the fused kernels start at the first block
+ * a tile's window reaches): fused = reference. */
+TEST(modern_fused_window_over_many_blocks) {
+    enum { B = 2, H = 2, L = 300, S = 700, D = 16 };
+    float *q = malloc(sizeof(float) * B * H * L * D), *k = malloc(sizeof(float) * B * H * S * D);
+    float *o0 = malloc(sizeof(float) * B * H * L * D), *o1 = malloc(sizeof(float) * B * H * L * D);
+    float lse0[B * H * L], lse1[B * H * L];
+    REQUIRE(q && k && o0 && o1);
+    mha_randn(q, B * H * L * D, 91, 1.0f);
+    mha_randn(k, B * H * S * D, 92, 1.0f);
+    int64_t offs[B] = {400, 150};
+    mha_tensor Os, Q = t4(q, B, H, L, D), K = t4(k, B, H, S, D);
+    mha_tensor_init(&Os, MHA_I64, offs, 1, (int64_t[]){B});
+    const int64_t wins[3][2] = {{150, 20}, {0, 0}, {300, -1}};
+    for (int c = 0; c < 3; c++) {
+        for (int kk = 0; kk < 2; kk++) {
+            mha_tensor O = t4(kk ? o1 : o0, B, H, L, D), LSE;
+            mha_tensor_init(&LSE, MHA_F32, kk ? lse1 : lse0, 3, (int64_t[]){B, H, L});
+            mha_sdpa_options op;
+            mha_sdpa_options_init(&op);
+            op.kernel = kk ? MHA_KERNEL_AUTO : MHA_KERNEL_REF;
+            op.causal = c == 2 ? MHA_CAUSAL_NONE : MHA_CAUSAL_OFFSET;
+            op.causal_offsets = &Os;
+            op.window_left = wins[c][0], op.window_right = wins[c][1];
+            op.lse = &LSE;
+            REQUIRE_OK(mha_sdpa_forward(&O, &Q, &K, &K, &op));
+        }
+        CHECK(maxdiff(o0, o1, B * H * L * D) < 2e-5);
+        CHECK(maxdiff(lse0, lse1, B * H * L) < 2e-5);
+    }
+    free(q), free(k), free(o0), free(o1);
+}

@@ -179,8 +179,9 @@ static inline int64_t mha_attn_kv_len(const mha_attn_problem *p, int64_t b) {
     return p->kv_len.data ? ((const int64_t *)p->kv_len.data)[b * p->kv_len.stride[0]] : p->S;
 }
 
-/* True when p uses an option the fused kernels do not serve yet; AUTO then
- * runs the reference and an explicit SCALAR/AVX2 is MHA_ERR_UNSUPPORTED. */
+/* True when p needs the reference kernel (float64 softmax; the fused
+ * kernels serve every other option): AUTO then runs the reference and an
+ * explicit SCALAR/AVX2 is MHA_ERR_UNSUPPORTED. */
 bool mha_attn_needs_ref(const mha_attn_problem *p);
 
 /* Validates the modern options of opt into p (B..dv, causal, causal_offset

@@ -181,3 +181,43 @@ TEST(model_errors) {
     mha_model_free(m);
     mha_model_free(NULL);
 }
+
+/* One training step's gradients (and the AdamW update) do not depend on the
+ * thread count. */
+TEST(model_step_bit_identical_any_threads) {
+    mha_model_config c;
+    mha_model_config_init(&c);
+    c.vocab = 11, c.max_len = 12, c.dim = 32, c.heads = 4, c.ffn = 48, c.layers = 2;
+    c.causal = 1, c.dropout = 0.1f;
+    float *g[3] = {NULL, NULL, NULL}, *p[3] = {NULL, NULL, NULL};
+    int64_t n = 0;
+    const int old = mha_get_num_threads(), threads[3] = {1, 2, 3};
+    for (int t = 0; t < 3; t++) {
+        mha_set_num_threads(threads[t]);
+        mha_model *m;
+        mha_adamw o;
+        mha_adamw_options oo;
+        mha_adamw_options_init(&oo);
+        REQUIRE_OK(mha_model_create(&m, &c, 9));
+        REQUIRE_OK(mha_adamw_init(&o, mha_model_num_params(m), &oo));
+        n = mha_model_num_params(m);
+        int64_t tok[8 * 12], tgt[8 * 12];
+        tokens_for(tok, tgt, 8 * 12, c.vocab, 77);
+        mha_model_zero_grad(m);
+        REQUIRE_OK(mha_model_forward(m, tok, tgt, 8, 12, 1, 5, NULL));
+        REQUIRE_OK(mha_model_backward(m));
+        g[t] = malloc(sizeof(float) * (size_t)n), p[t] = malloc(sizeof(float) * (size_t)n);
+        memcpy(g[t], mha_model_grads(m), sizeof(float) * (size_t)n);
+        REQUIRE_OK(mha_adamw_step(&o, mha_model_params(m), mha_model_grads(m), NULL));
+        memcpy(p[t], mha_model_params(m), sizeof(float) * (size_t)n);
+        mha_model_free(m);
+        mha_adamw_release(&o);
+    }
+    mha_set_num_threads(old);
+    for (int t = 1; t < 3; t++) {
+        CHECK(memcmp(g[0], g[t], sizeof(float) * (size_t)n) == 0);
+        CHECK(memcmp(p[0], p[t], sizeof(float) * (size_t)n) == 0);
+    }
+    for (int t = 0; t < 3; t++)
+        free(g[t]), free(p[t]);
+}

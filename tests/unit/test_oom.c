@@ -661,6 +661,29 @@ TEST(oom_model_create_forward_backward_save_load) {
     oom_loop("mha_model create/forward/backward/save/load", call_model, NULL);
 }
 
+/* Save then load: a fault while writing is MHA_ERR_IO; while reading the
+ * reader's rules apply.  Any of OK / IO / FORMAT, never a crash or leak. */
+TEST(io_faults_model_save_load) {
+    static const mha_io_fault faults[] = {MHA_IO_FAULT_FAIL, MHA_IO_FAULT_SHORT, MHA_IO_FAULT_EOF};
+    for (int f = 0; f < 3; f++)
+        for (int persistent = 0; persistent <= 1; persistent++)
+            for (int64_t k = 1; k < 100000; k++) {
+                int64_t live0 = mha_test_live_allocs(), count0 = mha_test_io_count();
+                mha_test_fail_io(k, persistent, faults[f]);
+                mha_status st = call_model(NULL);
+                mha_test_fail_io(0, 0, MHA_IO_FAULT_FAIL);
+                CHECK(mha_test_live_allocs() == live0);
+                if (mha_test_io_count() - count0 < k) {
+                    CHECK_STATUS(st, MHA_OK);
+                    break;
+                }
+                io_points++;
+                CHECK(st == MHA_OK || st == MHA_ERR_IO || st == MHA_ERR_FORMAT);
+                if (test_failures() > 20)
+                    return;
+            }
+}
+
 /* Regression: a header with more than 8 __metadata__ pairs grew the pair
  * table while copying one element past the old one (heap over-read, found
  * by oom_model_create_forward_backward_save_load under ASan). */

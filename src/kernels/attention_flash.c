@@ -197,10 +197,34 @@ static bool build_bias(const mha_attn_problem *p, bool ext, int64_t b, int64_t h
         if (p->causal != MHA_CAUSAL_NONE)
             lim = clamp64(i + mha_attn_offset(p, b) + 1 - j0, 0, n);
         float *br = bias + r * BC;
-        if (ext) { /* window, key lengths, ALiBi: the shared definition */
+        if (ext) { /* window, key lengths, ALiBi: mha_attn_bias's definition, hoisted */
+            const int64_t pos = i + mha_attn_offset(p, b), sb = mha_attn_kv_len(p, b);
+            int64_t lo = INT64_MIN, hi = p->kv_len.data ? sb - 1 : INT64_MAX;
+            if (p->window && p->window_left >= 0)
+                lo = pos - p->window_left;
+            if (p->window && p->window_right >= 0 && pos + p->window_right < hi)
+                hi = pos + p->window_right;
+            const float slope =
+                p->alibi.data ? ((const float *)p->alibi.data)[h * p->alibi.stride[0]] : 0.0f;
+            const int64_t centre = i + sb - p->L; /* ALiBi: -slope * |i + S_b - L - j| */
             for (int64_t j = 0; j < lim; j++) {
-                br[j] = mha_attn_bias(p, b, h, i, j0 + j);
-                live |= br[j] != -INFINITY;
+                const int64_t jj = j0 + j;
+                if (jj < lo || jj > hi) {
+                    br[j] = -INFINITY;
+                    continue;
+                }
+                float x = 0.0f;
+                if (p->alibi.data) {
+                    int64_t dist = centre - jj;
+                    x = -slope * (float)(dist < 0 ? -dist : dist);
+                }
+                int64_t idx[4] = {b, h, i, jj};
+                if (p->mask.data)
+                    x += mha_mask_value(&p->mask, mha_offset(&p->mask, idx), p->mask_polarity);
+                if (p->kpm.data)
+                    x += mha_mask_value(&p->kpm, mha_offset(&p->kpm, idx), p->kpm_polarity);
+                br[j] = x;
+                live |= x != -INFINITY;
             }
             continue;
         }

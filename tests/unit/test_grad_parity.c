@@ -292,3 +292,125 @@ TEST(grad_layer_errors) {
                  MHA_ERR_NULL);
     free(x);
 }
+
+/* Layers with dropout (every site: attention weights, the residual
+ * branches, the MLP hidden units): the backward must use the forward's keep
+ * decisions.  PyTorch's RNG differs, so the check is central differences of
+ * forward_train itself (same seed = same masks) on entries of the inputs and
+ * of every parameter: loss sum(dout * out) accumulated in double, step 1e-2,
+ * |g - fd| <= 2e-3 |fd| + 5e-4 (float32 forward noise / h).  GELU replaces
+ * the fixtures' ReLU: a kink inside the step makes differences useless. */
+TEST(grad_layers_dropout_finite_differences) {
+    static char names[128][128];
+    int n = fixture_list("layer_grad", names, 128), done = 0;
+    const char *want[] = {"000_enc_post_relu", "011_enc_pre_relu", "023_dec_post_gelu",
+                          "040_dec_pre_kpmb"};
+    for (int c = 0; c < n; c++) {
+        int pick = 0;
+        for (int k = 0; k < 4; k++)
+            pick |= !strcmp(names[c], want[k]);
+        if (!pick)
+            continue;
+        fixture f;
+        REQUIRE(fixture_open(&f, "layer_grad", names[c]));
+        bag bs = {.f = &f}, *b = &bs;
+        /* run_layer's setup, then dropout on, and gradients by hand */
+        bool dec = !strncmp(fixture_str(&f, "kind"), "decoder", 7);
+        mha_tensor *x = load(b, dec ? "tgt" : "src", false);
+        mha_tensor *mem = dec ? load(b, "memory", false) : NULL;
+        mha_tensor *dout = load(b, "dout", false);
+        mha_layer_masks masks = {load(b, "attn_mask", true), load(b, "key_padding_mask", true),
+                                 (int)fixture_int(&f, "causal"), load(b, "memory_mask", true),
+                                 load(b, "memory_key_padding_mask", true)};
+        mha_layer_options opt;
+        mha_layer_options_init(&opt);
+        opt.num_heads = fixture_int(&f, "heads");
+        opt.norm_first = (int)fixture_int(&f, "norm_first");
+        opt.activation = MHA_ACT_GELU; /* smooth: no ReLU kink within the step */
+        opt.training = 1, opt.dropout_p = 0.2f, opt.seed = 99;
+        mha_encoder_layer_weights ew;
+        mha_decoder_layer_weights dw;
+        mha_encoder_layer_grads eg;
+        mha_decoder_layer_grads dg;
+        memset(&ew, 0, sizeof ew), memset(&dw, 0, sizeof dw);
+        memset(&eg, 0, sizeof eg), memset(&dg, 0, sizeof dg);
+        mha_tensor *dx = zeros_like(b, x, "x");
+        mha_tensor *dmem = dec ? zeros_like(b, mem, "memory") : NULL;
+        if (dec) {
+            attn_w(b, "self_attn", &dw.self_attn, &dg.self_attn);
+            attn_w(b, "multihead_attn", &dw.multihead_attn, &dg.multihead_attn);
+            PARAM(&dw, &dg, linear1_weight) PARAM(&dw, &dg, linear1_bias)
+            PARAM(&dw, &dg, linear2_weight) PARAM(&dw, &dg, linear2_bias)
+            PARAM(&dw, &dg, norm1_weight) PARAM(&dw, &dg, norm1_bias)
+            PARAM(&dw, &dg, norm2_weight) PARAM(&dw, &dg, norm2_bias)
+            PARAM(&dw, &dg, norm3_weight) PARAM(&dw, &dg, norm3_bias)
+        } else {
+            attn_w(b, "self_attn", &ew.self_attn, &eg.self_attn);
+            PARAM(&ew, &eg, linear1_weight) PARAM(&ew, &eg, linear1_bias)
+            PARAM(&ew, &eg, linear2_weight) PARAM(&ew, &eg, linear2_bias)
+            PARAM(&ew, &eg, norm1_weight) PARAM(&ew, &eg, norm1_bias)
+            PARAM(&ew, &eg, norm2_weight) PARAM(&ew, &eg, norm2_bias)
+        }
+        REQUIRE(!b->failed && x && dout);
+        int64_t B = x->ndim == 3 ? x->shape[0] : 1, L = x->shape[x->ndim - 2],
+                E = x->shape[x->ndim - 1], S = mem ? mem->shape[mem->ndim - 2] : L;
+        int64_t F = (dec ? dw.linear1_weight : ew.linear1_weight)->shape[0];
+        size_t sb, wb;
+        REQUIRE_OK(mha_layer_saved_size(B, L, S, E, opt.num_heads, &sb));
+        REQUIRE_OK(mha_layer_train_workspace_size(B, L, S, E, F, opt.num_heads, &wb));
+        float *saved = malloc(sb), *ws = malloc(wb);
+        mha_tensor out;
+        REQUIRE_OK(mha_tensor_alloc(&out, MHA_F32, x->ndim, x->shape));
+#define FWD()                                                                                  \
+    (dec ? mha_decoder_layer_forward_train(&out, saved, sb, x, mem, &dw, &masks, &opt, ws, wb) \
+         : mha_encoder_layer_forward_train(&out, saved, sb, x, &ew, &masks, &opt, ws, wb))
+        REQUIRE_OK(FWD());
+        REQUIRE_OK(dec ? mha_decoder_layer_backward(dx, dmem, &dg, dout, saved, sb, x, mem, &dw,
+                                                    &masks, &opt, ws, wb)
+                       : mha_encoder_layer_backward(dx, &eg, dout, saved, sb, x, &ew, &masks,
+                                                    &opt, ws, wb));
+        /* every (input or weight, its gradient) pair: 4 entries each */
+        int bad = 0, checked = 0, nb = b->n;
+        for (int i = 0; i < nb; i++) {
+            if (strncmp(b->names[i], "mine_", 5))
+                continue;
+            const char *base = b->names[i] + 5;
+            mha_tensor *p = NULL;
+            for (int j = 0; j < nb; j++)
+                if (!strcmp(b->names[j], base) ||
+                    (!strcmp(base, "x") && !strcmp(b->names[j], dec ? "tgt" : "src")))
+                    p = &b->t[j];
+            REQUIRE(p != NULL);
+            const int64_t ne = numel(p);
+            for (int k = 0; k < 4; k++) {
+                const int64_t e = (ne - 1) * k / 3;
+                float *v = (float *)p->data + e;
+                const float keep = *v, h = 1e-2f;
+                double l[2];
+                for (int s = 0; s < 2; s++) {
+                    *v = keep + (s ? -h : h);
+                    REQUIRE_OK(FWD());
+                    l[s] = 0.0;
+                    for (int64_t q = 0; q < numel(&out); q++)
+                        l[s] += (double)((float *)out.data)[q] * ((float *)dout->data)[q];
+                }
+                *v = keep;
+                const double fd = (l[0] - l[1]) / (2.0 * h), g = ((float *)b->t[i].data)[e];
+                if (fabs(g - fd) > 2e-3 * fabs(fd) + 5e-4) {
+                    bad++;
+                    printf("    %s dropout: %s[%lld] grad %.6g fd %.6g\n", names[c], base,
+                           (long long)e, g, fd);
+                }
+                checked++;
+            }
+        }
+#undef FWD
+        CHECK(bad == 0);
+        CHECK(checked >= 4 * 13);
+        mha_tensor_free(&out);
+        free(saved), free(ws);
+        drop(b);
+        done++;
+    }
+    CHECK(done == 4);
+}

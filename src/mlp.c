@@ -224,7 +224,7 @@ void mha_linear_backward_ref(float *dx, float *dw, float *db, const float *dout,
  * d s = dh * up; da1 = d s * act'(a1); linear1 (and linear3) backward. */
 int64_t mha_mlp_backward_floats(int64_t N, int64_t F, bool gated) {
     int64_t n;
-    (void)gated; /* the non-gated form leaves `up` unused: one plan for both */
+    (void)gated; /* one plan for both forms (the plain MLP leaves `up` unused) */
     if (!mha_product((int64_t[]){N, F, 6}, 3, &n))
         return -1;
     return n;

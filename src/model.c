@@ -661,6 +661,8 @@ mha_status mha_model_load(mha_model **out, const char *path, const char *optim_p
     MHA_CHECK(out != NULL && path != NULL, MHA_ERR_NULL, "model: NULL out or path");
     MHA_CHECK(!optim_path || opt, MHA_ERR_NULL, "model: optimiser file without an optimiser");
     *out = NULL;
+    if (optim_path)
+        memset(opt, 0, sizeof *opt); /* released below on failure, so known state */
     mha_safetensors *st = NULL, *os = NULL;
     mha_model *m = NULL;
     MHA_TRY(mha_safetensors_open(path, &st));

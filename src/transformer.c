@@ -774,8 +774,6 @@ mha_status mha_encoder_layer_backward_at(mha_tensor *dsrc, const mha_encoder_lay
     const float *dy = dout->data;
     const int64_t n = r.N * r.E;
     mha_status st;
-    /* gA: the gradient reaching the attention's input (a normed tensor in
-     * pre-norm, src itself in post-norm) */
     float *dx = dsrc ? dsrc->data : NULL;
     if (opt->norm_first) {
         /* out = x1 + drop(FF(n2));  n2 = LN2(x1);  x1 = x + drop(SA(n1));  n1 = LN1(x) */
@@ -790,10 +788,8 @@ mha_status mha_encoder_layer_backward_at(mha_tensor *dsrc, const mha_encoder_lay
         mha_tensor n1 = part(&r, S_(&r, 0));
         zero(&r, gA);
         st = attn_bwd(&r, gA, NULL, &g->self_attn, gC, &n1, &n1, &w->self_attn, false);
-        if (st == MHA_OK && dx)
+        if (st == MHA_OK) /* dx NULL: only the norm's weight gradients */
             norm_bwd(&r, dx, g->norm1_weight, g->norm1_bias, gA, src->data, w->norm1_weight);
-        else if (st == MHA_OK)
-            norm_bwd(&r, NULL, g->norm1_weight, g->norm1_bias, gA, src->data, w->norm1_weight);
     } else {
         /* out = LN2(u2);  u2 = x1 + drop(FF(x1));  x1 = LN1(u1);  u1 = x + drop(SA(x)) */
         zero(&r, gA);

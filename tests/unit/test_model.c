@@ -221,3 +221,70 @@ TEST(model_step_bit_identical_any_threads) {
     for (int t = 0; t < 3; t++)
         free(g[t]), free(p[t]);
 }
+
+/* Allocation failure at every point of a training step with the optimiser
+ * and its checkpoint (save and load), and of a layer backward with an
+ * internal workspace: NOMEM or OK, never a leak. */
+MHA_API void mha_test_fail_alloc(int64_t k, int persistent);
+MHA_API int64_t mha_test_alloc_count(void);
+MHA_API int64_t mha_test_live_allocs(void);
+
+static mha_status step_and_checkpoint(const char *wpath, const char *opath) {
+    mha_model_config c;
+    mha_model_config_init(&c);
+    c.vocab = 6, c.max_len = 4, c.dim = 8, c.heads = 2, c.ffn = 6, c.layers = 2, c.causal = 1;
+    mha_model *m = NULL, *r = NULL;
+    mha_adamw o, o2;
+    memset(&o, 0, sizeof o);
+    mha_adamw_options oo;
+    mha_adamw_options_init(&oo);
+    int64_t tok[8] = {1, 2, 3, 4, 5, 0, 1, 2}, tgt[8] = {2, 3, -1, 5, 0, 1, 2, 3};
+    mha_status st = mha_model_create(&m, &c, 4);
+    if (st == MHA_OK)
+        st = mha_adamw_init(&o, mha_model_num_params(m), &oo);
+    if (st == MHA_OK)
+        st = mha_model_forward(m, tok, tgt, 2, 4, 1, 3, NULL);
+    if (st == MHA_OK)
+        st = mha_model_backward(m);
+    if (st == MHA_OK)
+        st = mha_adamw_step(&o, mha_model_params(m), mha_model_grads(m), NULL);
+    if (st == MHA_OK)
+        st = mha_model_save(m, wpath, opath, &o, 1, 4);
+    if (st == MHA_OK) {
+        st = mha_model_load(&r, wpath, opath, &o2, NULL, NULL);
+        if (st == MHA_OK)
+            mha_adamw_release(&o2);
+        else
+            CHECK(r == NULL && o2.m == NULL && o2.v == NULL);
+    }
+    mha_model_free(r), mha_model_free(m);
+    mha_adamw_release(&o);
+    return st;
+}
+
+TEST(model_allocation_failures) {
+    char dir[] = "/tmp/mha_oom_XXXXXX";
+    REQUIRE(mkdtemp(dir) != NULL);
+    char wpath[64], opath[64];
+    snprintf(wpath, sizeof wpath, "%s/m.safetensors", dir);
+    snprintf(opath, sizeof opath, "%s/o.safetensors", dir);
+    int points = 0;
+    for (int persistent = 0; persistent <= 1; persistent++)
+        for (int64_t k = 1; k < 10000; k++) {
+            const int64_t live0 = mha_test_live_allocs(), count0 = mha_test_alloc_count();
+            mha_test_fail_alloc(k, persistent);
+            mha_status st = step_and_checkpoint(wpath, opath);
+            mha_test_fail_alloc(0, 0);
+            CHECK(mha_test_live_allocs() == live0);
+            if (mha_test_alloc_count() - count0 < k) {
+                CHECK_STATUS(st, MHA_OK);
+                break;
+            }
+            points++;
+            CHECK(st == MHA_ERR_NOMEM);
+            if (test_failures() > 10)
+                break;
+        }
+    CHECK(points > 20);
+    unlink(wpath), unlink(opath), rmdir(dir);
+}

@@ -20,8 +20,8 @@ export OPENBLAS_NUM_THREADS="$T" OMP_NUM_THREADS="$T"
 OUT=$(mktemp)
 trap 'rm -f "$OUT"' EXIT
 
-# B H L d causal mha
-CASES="1 8 1024 64 0 0
+# B H L d causal mha  (MHA_BENCH_CASES replaces the list, same format)
+CASES=${MHA_BENCH_CASES:-"1 8 1024 64 0 0
 1 8 1024 64 1 0
 1 8 2048 64 0 0
 1 8 2048 128 0 0
@@ -29,7 +29,7 @@ CASES="1 8 1024 64 0 0
 1 8 4096 64 1 0
 1 8 1024 64 0 1
 1 8 2048 64 0 1
-1 8 2048 64 1 1"
+1 8 2048 64 1 1"}
 
 echo "$CASES" | while read -r b h l d c m; do
     flags="--batch $b --heads $h --seq $l --head-dim $d --threads $T"

@@ -48,7 +48,8 @@ static void usage(FILE *f) {
             "  --min-len/--max-len   digits per sequence (default 8 / 12)\n"
             "  --clip C              clip_grad_norm_ (default 1.0; 0 = off)\n"
             "  --out DIR             checkpoint DIR/model.safetensors (state_dict names),\n"
-            "                        DIR/optimizer.safetensors, DIR/loss.tsv, DIR/loss.svg,\n"
+            "                        DIR/optimizer.safetensors, DIR/loss.tsv, DIR/loss.svg\n"
+            "                        (and DIR/loss.png with libpng),\n"
             "                        DIR/sample_tokens.npy, DIR/sample_logits.npy\n"
             "                        (default mha-train)\n"
             "  --resume DIR          continue the run checkpointed in DIR up to --steps\n"
@@ -166,6 +167,111 @@ static int write_svg(const char *path, const int64_t *steps, const float *loss, 
 #undef PY
     return fclose(f) == 0 ? 0 : -1;
 }
+
+/* ---- the loss curve as PNG (libpng's simplified API), when the build has it ---------- */
+
+#ifdef MHA_HAVE_PNG
+#include <png.h>
+
+/* 3x5 glyphs for tick labels: "0123456789.e-", one row per 3-bit line. */
+static const char *const GLYPHS = "0123456789.e-";
+static const unsigned char FONT[13][5] = {
+    {7, 5, 5, 5, 7}, {2, 6, 2, 2, 7}, {7, 1, 7, 4, 7}, {7, 1, 7, 1, 7}, {5, 5, 7, 1, 1},
+    {7, 4, 7, 1, 7}, {7, 4, 7, 5, 7}, {7, 1, 1, 1, 1}, {7, 5, 7, 5, 7}, {7, 5, 7, 1, 7},
+    {0, 0, 0, 0, 2}, {0, 7, 5, 6, 7}, {0, 0, 7, 0, 0}};
+
+typedef struct canvas {
+    int w, h;
+    unsigned char *rgb;
+} canvas;
+
+static void dot(canvas *c, int x, int y, const unsigned char col[3]) {
+    if (x >= 0 && y >= 0 && x < c->w && y < c->h)
+        memcpy(c->rgb + 3 * ((size_t)y * (size_t)c->w + (size_t)x), col, 3);
+}
+
+static void line(canvas *c, double x0, double y0, double x1, double y1, int thick,
+                 const unsigned char col[3]) {
+    const int n = (int)fmax(fabs(x1 - x0), fabs(y1 - y0)) + 1;
+    for (int i = 0; i <= n; i++) {
+        double t = (double)i / n, x = x0 + t * (x1 - x0), y = y0 + t * (y1 - y0);
+        for (int dx = 0; dx < thick; dx++)
+            for (int dy = 0; dy < thick; dy++)
+                dot(c, (int)lround(x) + dx, (int)lround(y) + dy, col);
+    }
+}
+
+/* Text right-aligned at x (anchor 'r') or centred ('c'), glyphs scaled 2x. */
+static void label(canvas *c, int x, int y, char anchor, const char *s) {
+    static const unsigned char ink[3] = {40, 40, 40};
+    const int width = (int)strlen(s) * 8;
+    int x0 = anchor == 'r' ? x - width : x - width / 2;
+    for (const char *p = s; *p; p++, x0 += 8) {
+        const char *g = strchr(GLYPHS, *p);
+        if (!g || !*p)
+            continue;
+        const unsigned char *rows = FONT[g - GLYPHS];
+        for (int r = 0; r < 5; r++)
+            for (int b = 0; b < 3; b++)
+                if (rows[r] & (4 >> b))
+                    for (int k = 0; k < 4; k++)
+                        dot(c, x0 + 2 * b + (k & 1), y + 2 * r + (k >> 1), ink);
+    }
+}
+
+static int write_png(const char *path, const int64_t *steps, const float *loss, int64_t n) {
+    canvas c = {720, 400, NULL};
+    c.rgb = malloc((size_t)c.w * (size_t)c.h * 3);
+    if (!c.rgb)
+        return -1;
+    memset(c.rgb, 255, (size_t)c.w * (size_t)c.h * 3);
+    const double l = 70, r = 20, t = 20, b = 40;
+    double lo = INFINITY, hi = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(loss[i]))
+            lo = fmin(lo, loss[i]), hi = fmax(hi, loss[i]);
+    if (!(hi > lo))
+        lo = 0, hi = hi > 0 ? hi : 1;
+    lo = fmax(0.0, lo - 0.05 * (hi - lo));
+    const double s0 = n ? (double)steps[0] : 0, s1 = n > 1 ? (double)steps[n - 1] : s0 + 1;
+#define PX(s) (l + ((s) - s0) / (s1 - s0) * (c.w - l - r))
+#define PY(v) (t + (hi - (v)) / (hi - lo) * (c.h - t - b))
+    static const unsigned char grid[3] = {221, 221, 221}, frame[3] = {0, 0, 0},
+                               light[3] = {158, 195, 240}, dark[3] = {31, 78, 156};
+    char buf[32];
+    for (int k = 0; k <= 4; k++) {
+        double v = lo + (hi - lo) * k / 4.0, s = s0 + (s1 - s0) * k / 4.0;
+        line(&c, l, PY(v), c.w - r, PY(v), 1, grid);
+        snprintf(buf, sizeof buf, "%.3g", v);
+        label(&c, (int)l - 6, (int)PY(v) - 5, 'r', buf);
+        snprintf(buf, sizeof buf, "%.0f", s);
+        label(&c, (int)PX(s), c.h - (int)b + 8, 'c', buf);
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        double avg = n ? loss[0] : 0, px = 0, py = 0;
+        for (int64_t i = 0; i < n; i++) {
+            avg = pass ? 0.95 * avg + 0.05 * loss[i] : loss[i];
+            double x = PX((double)steps[i]), y = PY(avg);
+            if (i && isfinite(avg))
+                line(&c, px, py, x, y, pass ? 2 : 1, pass ? dark : light);
+            px = x, py = y;
+        }
+    }
+    line(&c, l, t, c.w - r, t, 1, frame), line(&c, l, c.h - b, c.w - r, c.h - b, 1, frame);
+    line(&c, l, t, l, c.h - b, 1, frame), line(&c, c.w - r, t, c.w - r, c.h - b, 1, frame);
+#undef PX
+#undef PY
+    png_image img;
+    memset(&img, 0, sizeof img);
+    img.version = PNG_IMAGE_VERSION;
+    img.width = (png_uint_32)c.w, img.height = (png_uint_32)c.h;
+    img.format = PNG_FORMAT_RGB;
+    int ok = png_image_write_to_file(&img, path, 0, c.rgb, 0, NULL);
+    png_image_free(&img);
+    free(c.rgb);
+    return ok ? 0 : -1;
+}
+#endif
 
 /* ---- progress ---------------------------------------------------------------------- */
 
@@ -496,6 +602,13 @@ int cli_train(int argc, char **argv) {
             fprintf(stderr, "mha train: cannot write %s\n", path);
             rc = CLI_INTERNAL;
         }
+#ifdef MHA_HAVE_PNG
+        snprintf(path, sizeof path, "%s/loss.png", out_dir);
+        if (rc == CLI_OK && write_png(path, hist_step, hist_loss, n_hist) != 0) {
+            fprintf(stderr, "mha train: cannot write %s\n", path);
+            rc = CLI_INTERNAL;
+        }
+#endif
     }
     if (rc == CLI_OK) {
         const int64_t done = steps > start ? steps - start : 0;
@@ -505,7 +618,11 @@ int cli_train(int argc, char **argv) {
         printf("eval_loss: %.4f\n", (double)eval_loss);
         printf("sequence_accuracy: %.4f\n", seq_acc);
         printf("checkpoint: %s/model.safetensors\n", out_dir);
+#ifdef MHA_HAVE_PNG
+        printf("loss_curve: %s/loss.svg %s/loss.png\n", out_dir, out_dir);
+#else
         printf("loss_curve: %s/loss.svg\n", out_dir);
+#endif
         printf("accuracy: %.4f\n", acc);
     }
     free(tok), free(tgt), free(hist_step), free(hist_loss);

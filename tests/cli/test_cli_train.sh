@@ -34,6 +34,10 @@ for f in model.safetensors optimizer.safetensors loss.svg loss.tsv sample_tokens
 done
 if grep -q "<polyline" "$T/acc/loss.svg" && [ "$(wc -l < "$T/acc/loss.tsv")" -eq 150 ]; then ok
 else ko "loss curve: svg polyline and 150 loss lines"; fi
+if grep -q "loss.png" "$T/acc.out"; then   # builds with libpng
+    if [ "$(head -c 4 "$T/acc/loss.png" | od -An -c | tr -d ' ')" = "211PNG" ]; then ok
+    else ko "loss.png is not a PNG"; fi
+fi
 
 # ---- bit-identical resumption (with dropout, a causal stack and clipping) ------------------
 common="--seed 7 --threads 1 --eval 50 --quiet --dim 24 --ffn 40 --heads 3 --dropout 0.1 --causal"

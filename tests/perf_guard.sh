@@ -11,7 +11,8 @@
 #   sh tests/perf_guard.sh --record   rewrite tests/perf_guard.txt
 #
 # Counts depend on the compiler and flags (gcc 12, -O2, Debian 12 as in CI).
-# OpenBLAS is pinned to its Haswell kernels; workloads whose kernel this
+# The projections use the portable GEMM (MHA_GEMM=portable: our code, not
+# OpenBLAS's, is counted; OpenBLAS pinned to Haswell anyway); workloads whose kernel this
 # build or CPU lacks are skipped.
 B=${MHA_BUILD:-build}
 TOL=${TOLERANCE:-1.25}
@@ -22,7 +23,7 @@ pass=0; fail=0
 command -v valgrind >/dev/null 2>&1 || { echo "perf guard: valgrind missing"; echo "perf guard: 0 passed, 1 failed"; exit 1; }
 [ -x "$DRIVER" ] || { echo "perf guard: $DRIVER not built (make $DRIVER)"; echo "perf guard: 0 passed, 1 failed"; exit 1; }
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OPENBLAS_CORETYPE=Haswell
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OPENBLAS_CORETYPE=Haswell MHA_GEMM=portable
 : > "$T/new"
 "$DRIVER" --list | while read -r name toggle; do
     valgrind --tool=callgrind --callgrind-out-file="$T/cg.$name" --toggle-collect="$toggle" \

@@ -15,7 +15,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define MAXP 26 /* parameters of a decoder layer */
+#define MAXL 64                /* --num-layers at most                 */
+#define MAXP (26 * MAXL + 2)   /* a decoder layer has 26 parameters     */
 
 static int usage(FILE *f) {
     fprintf(f,
@@ -24,7 +25,7 @@ static int usage(FILE *f) {
             "                [--activation relu|gelu|gelu_tanh|silu] [--eps E] [--causal]\n"
             "                [--attn-mask M.npy] [--key-padding-mask M.npy]\n"
             "                [--memory-mask M.npy] [--memory-key-padding-mask M.npy]\n"
-            "                --grad-out dY.npy --out-dir DIR\n"
+            "                [--num-layers N] --grad-out dY.npy --out-dir DIR\n"
             "\n"
             "Gradients of L = sum(dY * layer(X[, M])) for one Transformer layer (dropout off):\n"
             "  DIR/grad_query.npy           dL/dX (the src / tgt)\n"
@@ -32,7 +33,9 @@ static int usage(FILE *f) {
             "  DIR/grad_weights.safetensors one gradient per parameter, under the\n"
             "                               parameter's own name (P prefix included)\n"
             "Weights: P+self_attn.*, P+multihead_attn.*, P+linear1.*, P+linear2.*,\n"
-            "P+norm1/2/3.* as the module's state_dict.  Masks: bool true = masked,\n"
+            "P+norm1/2/3.* as the module's state_dict; with --num-layers N a stack\n"
+            "(nn.TransformerEncoder/Decoder): P+layers.<i>.* and an optional P+norm.*.\n"
+            "Masks: bool true = masked,\n"
             "float added; for the decoder --causal/--attn-mask/--key-padding-mask act on\n"
             "the target.\n"
             "\nexit status: 0 ok, 2 bad input (arguments, files, shapes), 1 internal failure\n");
@@ -81,6 +84,7 @@ int cli_grad_layer(int argc, char **argv) {
     const char *cmd = "grad";
     const char *layer = NULL, *weights = NULL, *query = NULL, *memory = NULL, *dy_path = NULL;
     const char *out_dir = NULL, *prefix = "", *act = "relu", *heads_s = NULL, *eps_s = NULL;
+    const char *nl_s = NULL;
     const char *mpath[4] = {NULL, NULL, NULL, NULL};
     int norm_first = 0, causal = 0;
     for (int i = 1; i < argc; i++) {
@@ -95,6 +99,7 @@ int cli_grad_layer(int argc, char **argv) {
                          : !strcmp(a, "--activation") ? &act
                          : !strcmp(a, "--heads") ? &heads_s
                          : !strcmp(a, "--eps") ? &eps_s
+                         : !strcmp(a, "--num-layers") ? &nl_s
                          : !strcmp(a, "--attn-mask") ? &mpath[0]
                          : !strcmp(a, "--key-padding-mask") ? &mpath[1]
                          : !strcmp(a, "--memory-mask") ? &mpath[2]
@@ -128,6 +133,11 @@ int cli_grad_layer(int argc, char **argv) {
         fprintf(stderr, "mha grad: --heads wants a positive integer\n");
         return CLI_BAD_INPUT;
     }
+    long num_layers = nl_s ? strtol(nl_s, &end, 10) : 0;
+    if (nl_s && (*end || num_layers < 1 || num_layers > MAXL)) {
+        fprintf(stderr, "mha grad: --num-layers wants 1..%d\n", MAXL);
+        return CLI_BAD_INPUT;
+    }
     float eps = eps_s ? strtof(eps_s, &end) : 1e-5f;
     if (eps_s && (*end || !(eps > 0))) {
         fprintf(stderr, "mha grad: --eps wants a positive number\n");
@@ -159,6 +169,10 @@ int cli_grad_layer(int argc, char **argv) {
     mha_tensor x = {0}, m = {0}, dy = {0}, y = {0}, dx = {0}, dm = {0}, mt[4];
     memset(mt, 0, sizeof mt);
     void *saved = NULL;
+    mha_encoder_layer_weights *ew = NULL;
+    mha_decoder_layer_weights *dw = NULL;
+    mha_encoder_layer_grads *eg = NULL;
+    mha_decoder_layer_grads *dg = NULL;
     if (!p)
         return cli_fail(cmd, MHA_ERR_NOMEM, NULL);
     if ((st = mha_safetensors_open(weights, &p->st))) {
@@ -187,29 +201,47 @@ int cli_grad_layer(int argc, char **argv) {
         mp[i] = mpath[i] ? &mt[i] : NULL;
     }
     mha_layer_masks masks = {mp[0], mp[1], causal, mp[2], mp[3]};
-    mha_encoder_layer_weights ew;
-    mha_decoder_layer_weights dw;
-    mha_encoder_layer_grads eg;
-    mha_decoder_layer_grads dg;
-    memset(&ew, 0, sizeof ew), memset(&dw, 0, sizeof dw);
-    memset(&eg, 0, sizeof eg), memset(&dg, 0, sizeof dg);
-#define BIND(W, G, field, name) bind(p, prefix, name, &(W).field, &(G).field)
-    if (dec) {
-        bind_attn(p, prefix, "self_attn", &dw.self_attn, &dg.self_attn);
-        bind_attn(p, prefix, "multihead_attn", &dw.multihead_attn, &dg.multihead_attn);
-        BIND(dw, dg, linear1_weight, "linear1.weight"), BIND(dw, dg, linear1_bias, "linear1.bias");
-        BIND(dw, dg, linear2_weight, "linear2.weight"), BIND(dw, dg, linear2_bias, "linear2.bias");
-        BIND(dw, dg, norm1_weight, "norm1.weight"), BIND(dw, dg, norm1_bias, "norm1.bias");
-        BIND(dw, dg, norm2_weight, "norm2.weight"), BIND(dw, dg, norm2_bias, "norm2.bias");
-        BIND(dw, dg, norm3_weight, "norm3.weight"), BIND(dw, dg, norm3_bias, "norm3.bias");
-    } else {
-        bind_attn(p, prefix, "self_attn", &ew.self_attn, &eg.self_attn);
-        BIND(ew, eg, linear1_weight, "linear1.weight"), BIND(ew, eg, linear1_bias, "linear1.bias");
-        BIND(ew, eg, linear2_weight, "linear2.weight"), BIND(ew, eg, linear2_bias, "linear2.bias");
-        BIND(ew, eg, norm1_weight, "norm1.weight"), BIND(ew, eg, norm1_bias, "norm1.bias");
-        BIND(ew, eg, norm2_weight, "norm2.weight"), BIND(ew, eg, norm2_bias, "norm2.bias");
+    const int64_t nl = num_layers ? num_layers : 1;
+    ew = calloc((size_t)nl, sizeof *ew), dw = calloc((size_t)nl, sizeof *dw);
+    eg = calloc((size_t)nl, sizeof *eg), dg = calloc((size_t)nl, sizeof *dg);
+    const mha_tensor *nw = NULL, *nb = NULL;
+    mha_tensor *dnw = NULL, *dnb = NULL;
+    if (!ew || !dw || !eg || !dg) {
+        rc = cli_fail(cmd, MHA_ERR_NOMEM, NULL);
+        goto done;
+    }
+#define BIND(W, G, field, name) bind(p, lp, name, &(W).field, &(G).field)
+    for (int64_t l = 0; l < nl; l++) {
+        char lp[256];
+        if (num_layers)
+            snprintf(lp, sizeof lp, "%slayers.%lld.", prefix, (long long)l);
+        else
+            snprintf(lp, sizeof lp, "%s", prefix);
+        if (dec) {
+            bind_attn(p, lp, "self_attn", &dw[l].self_attn, &dg[l].self_attn);
+            bind_attn(p, lp, "multihead_attn", &dw[l].multihead_attn, &dg[l].multihead_attn);
+            BIND(dw[l], dg[l], linear1_weight, "linear1.weight");
+            BIND(dw[l], dg[l], linear1_bias, "linear1.bias");
+            BIND(dw[l], dg[l], linear2_weight, "linear2.weight");
+            BIND(dw[l], dg[l], linear2_bias, "linear2.bias");
+            BIND(dw[l], dg[l], norm1_weight, "norm1.weight"), BIND(dw[l], dg[l], norm1_bias, "norm1.bias");
+            BIND(dw[l], dg[l], norm2_weight, "norm2.weight"), BIND(dw[l], dg[l], norm2_bias, "norm2.bias");
+            BIND(dw[l], dg[l], norm3_weight, "norm3.weight"), BIND(dw[l], dg[l], norm3_bias, "norm3.bias");
+        } else {
+            bind_attn(p, lp, "self_attn", &ew[l].self_attn, &eg[l].self_attn);
+            BIND(ew[l], eg[l], linear1_weight, "linear1.weight");
+            BIND(ew[l], eg[l], linear1_bias, "linear1.bias");
+            BIND(ew[l], eg[l], linear2_weight, "linear2.weight");
+            BIND(ew[l], eg[l], linear2_bias, "linear2.bias");
+            BIND(ew[l], eg[l], norm1_weight, "norm1.weight"), BIND(ew[l], eg[l], norm1_bias, "norm1.bias");
+            BIND(ew[l], eg[l], norm2_weight, "norm2.weight"), BIND(ew[l], eg[l], norm2_bias, "norm2.bias");
+        }
     }
 #undef BIND
+    if (num_layers) {
+        bind(p, prefix, "norm.weight", &nw, &dnw);
+        bind(p, prefix, "norm.bias", &nb, &dnb);
+    }
     if (p->bad) {
         rc = cli_fail(cmd, MHA_ERR_FORMAT, weights);
         goto done;
@@ -221,15 +253,21 @@ int cli_grad_layer(int argc, char **argv) {
     }
     const int64_t B = x.ndim == 3 ? x.shape[0] : 1, L = x.shape[x.ndim - 2],
                   E = x.shape[x.ndim - 1], S = dec ? m.shape[m.ndim - 2] : L;
-    const mha_tensor *l1 = dec ? dw.linear1_weight : ew.linear1_weight;
+    const mha_tensor *l1 = dec ? dw[0].linear1_weight : ew[0].linear1_weight;
+    int64_t Fmax = 0;
+    for (int64_t l = 0; l < nl; l++) {
+        const mha_tensor *t = dec ? dw[l].linear1_weight : ew[l].linear1_weight;
+        if (t && t->ndim == 2 && t->shape[0] > Fmax)
+            Fmax = t->shape[0];
+    }
     if (!l1 || l1->ndim != 2) {
         fprintf(stderr, "mha grad: %s: %slinear1.weight missing\n", weights, prefix);
         rc = CLI_BAD_INPUT;
         goto done;
     }
     size_t sb, wb;
-    if ((st = mha_layer_saved_size(B, L, S, E, heads, &sb)) ||
-        (st = mha_layer_train_workspace_size(B, L, S, E, l1->shape[0], heads, &wb))) {
+    if ((st = mha_stack_saved_size(nl, B, L, S, E, heads, &sb)) ||
+        (st = mha_stack_train_workspace_size(B, L, S, E, Fmax, heads, &wb))) {
         rc = cli_fail(cmd, st, "--heads");
         goto done;
     }
@@ -245,13 +283,17 @@ int cli_grad_layer(int argc, char **argv) {
         rc = CLI_BAD_INPUT;
         goto done;
     }
-    st = dec ? mha_decoder_layer_forward_train(&y, saved, sb, &x, &m, &dw, &masks, &opt, NULL, 0)
-             : mha_encoder_layer_forward_train(&y, saved, sb, &x, &ew, &masks, &opt, NULL, 0);
+    /* a single layer is a stack of one without a final norm (same math) */
+    mha_encoder_weights es = {nl, ew, nw || nb, nw, nb};
+    mha_decoder_weights ds = {nl, dw, nw || nb, nw, nb};
+    mha_encoder_grads egs = {eg, dnw, dnb};
+    mha_decoder_grads dgs = {dg, dnw, dnb};
+    st = dec ? mha_decoder_forward_train(&y, saved, sb, &x, &m, &ds, &masks, &opt, NULL, 0)
+             : mha_encoder_forward_train(&y, saved, sb, &x, &es, &masks, &opt, NULL, 0);
     if (st == MHA_OK)
-        st = dec ? mha_decoder_layer_backward(&dx, &dm, &dg, &dy, saved, sb, &x, &m, &dw, &masks,
-                                              &opt, NULL, 0)
-                 : mha_encoder_layer_backward(&dx, &eg, &dy, saved, sb, &x, &ew, &masks, &opt,
-                                              NULL, 0);
+        st = dec ? mha_decoder_backward(&dx, &dm, &dgs, &dy, saved, sb, &x, &m, &ds, &masks, &opt,
+                                        NULL, 0)
+                 : mha_encoder_backward(&dx, &egs, &dy, saved, sb, &x, &es, &masks, &opt, NULL, 0);
     if (st) {
         rc = cli_fail(cmd, st, layer);
         goto done;
@@ -272,13 +314,16 @@ int cli_grad_layer(int argc, char **argv) {
         rc = cli_fail(cmd, st, path);
         goto done;
     }
-    const char *names[MAXP];
-    const mha_tensor *gs[MAXP];
-    for (int i = 0; i < p->n; i++)
+    const char **names = malloc(sizeof *names * MAXP);
+    const mha_tensor **gs = malloc(sizeof *gs * MAXP);
+    for (int i = 0; names && gs && i < p->n; i++)
         names[i] = p->names[i], gs[i] = &p->g[i];
     snprintf(path, sizeof path, "%s/grad_weights.safetensors", out_dir);
-    if ((st = mha_safetensors_write(path, names, gs, p->n, NULL, NULL, 0)))
+    if (!names || !gs)
+        rc = cli_fail(cmd, MHA_ERR_NOMEM, NULL);
+    else if ((st = mha_safetensors_write(path, names, gs, p->n, NULL, NULL, 0)))
         rc = cli_fail(cmd, st, path);
+    free(names), free(gs);
 done:
     for (int i = 0; i < 4; i++)
         mha_tensor_free(&mt[i]);
@@ -287,6 +332,6 @@ done:
     for (int i = 0; i < p->n; i++)
         mha_tensor_free(&p->g[i]);
     mha_safetensors_free(p->st);
-    free(p), free(saved);
+    free(p), free(saved), free(ew), free(dw), free(eg), free(dg);
     return rc;
 }

@@ -876,6 +876,50 @@ MHA_API mha_status mha_decoder_layer_backward(mha_tensor *dtgt, mha_tensor *dmem
                                               const mha_layer_options *opt, void *workspace,
                                               size_t workspace_bytes);
 
+/* Stacks (nn.TransformerEncoder / Decoder): every layer's saved state plus
+ * its output, then the final norm.  grads->layers: num_layers entries (or
+ * NULL); norm_weight/norm_bias: the final norm's gradients (NULL skips).
+ * The decoder's dmemory receives the sum over the layers.  workspace:
+ * mha_stack_train_workspace_size() bytes (F the widest layer's) or NULL. */
+typedef struct mha_encoder_grads {
+    const mha_encoder_layer_grads *layers;
+    mha_tensor *norm_weight, *norm_bias;
+} mha_encoder_grads;
+
+typedef struct mha_decoder_grads {
+    const mha_decoder_layer_grads *layers;
+    mha_tensor *norm_weight, *norm_bias;
+} mha_decoder_grads;
+
+MHA_API mha_status mha_stack_saved_size(int64_t num_layers, int64_t B, int64_t L, int64_t S,
+                                        int64_t E, int64_t H, size_t *bytes);
+MHA_API mha_status mha_stack_train_workspace_size(int64_t B, int64_t L, int64_t S, int64_t E,
+                                                  int64_t F, int64_t H, size_t *bytes);
+MHA_API mha_status mha_encoder_forward_train(mha_tensor *out, void *saved, size_t saved_bytes,
+                                             const mha_tensor *src, const mha_encoder_weights *w,
+                                             const mha_layer_masks *masks,
+                                             const mha_layer_options *opt, void *workspace,
+                                             size_t workspace_bytes);
+MHA_API mha_status mha_decoder_forward_train(mha_tensor *out, void *saved, size_t saved_bytes,
+                                             const mha_tensor *tgt, const mha_tensor *memory,
+                                             const mha_decoder_weights *w,
+                                             const mha_layer_masks *masks,
+                                             const mha_layer_options *opt, void *workspace,
+                                             size_t workspace_bytes);
+MHA_API mha_status mha_encoder_backward(mha_tensor *dsrc, const mha_encoder_grads *grads,
+                                        const mha_tensor *dout, const void *saved,
+                                        size_t saved_bytes, const mha_tensor *src,
+                                        const mha_encoder_weights *w, const mha_layer_masks *masks,
+                                        const mha_layer_options *opt, void *workspace,
+                                        size_t workspace_bytes);
+MHA_API mha_status mha_decoder_backward(mha_tensor *dtgt, mha_tensor *dmemory,
+                                        const mha_decoder_grads *grads, const mha_tensor *dout,
+                                        const void *saved, size_t saved_bytes,
+                                        const mha_tensor *tgt, const mha_tensor *memory,
+                                        const mha_decoder_weights *w, const mha_layer_masks *masks,
+                                        const mha_layer_options *opt, void *workspace,
+                                        size_t workspace_bytes);
+
 /* ------------------------------------------------------------------------ */
 /* Training: AdamW and gradient clipping (src/optim.c, docs/training.md)    */
 /* ------------------------------------------------------------------------ */

@@ -1015,3 +1015,250 @@ mha_status mha_decoder_layer_backward(mha_tensor *dtgt, mha_tensor *dmemory,
     return mha_decoder_layer_backward_at(dtgt, dmemory, grads, dout, saved, saved_bytes, tgt,
                                          memory, w, masks, opt, workspace, workspace_bytes, 0);
 }
+
+/* ---- stacks (nn.TransformerEncoder / Decoder): forward_train and backward ---------
+ * Saved: the output of every layer x_1..x_NL (N,E) each, then each layer's
+ * saved state.  Layer l reads x_l (x_0 = src); the final norm reads x_NL.
+ * Backward: g = norm'(dout) (or dout), then for l = NL-1..0 g = layer_l'(g);
+ * dsrc += g.  The decoder's dmemory collects every layer's cross-attention
+ * gradient.  Workspace: one layer's train workspace (the widest F) and two
+ * (N,E) gradient buffers. */
+
+typedef struct stack_plan {
+    int64_t NL, N, E, layer_saved, layer_ws, total_saved, total_ws;
+} stack_plan;
+
+static mha_status plan_stack(int64_t NL, int64_t B, int64_t L, int64_t S, int64_t E, int64_t F,
+                             int64_t H, stack_plan *p) {
+    train_plan t;
+    MHA_CHECK(NL >= 1 && NL <= 1 << 16, MHA_ERR_VALUE, "stack: num_layers %lld, want >= 1",
+              (long long)NL);
+    MHA_TRY(plan_train(B, L, S, E, F, H, &t));
+    p->NL = NL, p->N = B * L, p->E = E;
+    p->layer_saved = round_line(t.total), p->layer_ws = round_line(t.ws_total);
+    int64_t ne = round_line(p->N * E), a, b;
+    MHA_CHECK(!mha_mul_overflows(NL, ne + p->layer_saved, &a) &&
+                  !__builtin_add_overflow(p->layer_ws, 2 * ne, &b) &&
+                  (uint64_t)a <= SIZE_MAX / sizeof(float) && (uint64_t)b <= SIZE_MAX / sizeof(float),
+              MHA_ERR_OVERFLOW, "stack: saved state size overflows");
+    p->total_saved = a, p->total_ws = b;
+    return MHA_OK;
+}
+
+mha_status mha_stack_saved_size(int64_t num_layers, int64_t B, int64_t L, int64_t S, int64_t E,
+                                int64_t H, size_t *bytes) {
+    stack_plan p;
+    MHA_CHECK(bytes != NULL, MHA_ERR_NULL, "stack: NULL bytes");
+    MHA_TRY(plan_stack(num_layers, B, L, S, E, 0, H, &p));
+    *bytes = (size_t)p.total_saved * sizeof(float);
+    return MHA_OK;
+}
+
+mha_status mha_stack_train_workspace_size(int64_t B, int64_t L, int64_t S, int64_t E, int64_t F,
+                                          int64_t H, size_t *bytes) {
+    stack_plan p;
+    MHA_CHECK(bytes != NULL, MHA_ERR_NULL, "stack: NULL bytes");
+    MHA_TRY(plan_stack(1, B, L, S, E, F, H, &p));
+    *bytes = (size_t)p.total_ws * sizeof(float);
+    return MHA_OK;
+}
+
+/* Shared setup: dims, the plan, saved/workspace checks (ws allocated when
+ * the caller gave none: *owned). */
+static mha_status stack_begin(const mha_tensor *x, const mha_tensor *memory, int64_t NL,
+                              int64_t F, const mha_layer_options *opt, size_t saved_bytes,
+                              void *workspace, size_t workspace_bytes, stack_plan *p, float **ws,
+                              float **owned) {
+    int64_t B, L, E, S;
+    *owned = NULL;
+    MHA_TRY(check_options(opt));
+    MHA_TRY(check_seq(x, memory ? "tgt" : "src", &B, &L, &E));
+    S = L;
+    if (memory) {
+        int64_t Bm, Em;
+        MHA_TRY(check_seq(memory, "memory", &Bm, &S, &Em));
+    }
+    MHA_TRY(plan_stack(NL, B, L, S, E, F, opt->num_heads, p));
+    MHA_CHECK(saved_bytes >= (size_t)p->total_saved * sizeof(float), MHA_ERR_VALUE,
+              "saved: %zu bytes, the stack needs %zu", saved_bytes,
+              (size_t)p->total_saved * sizeof(float));
+    size_t need = (size_t)p->total_ws * sizeof(float);
+    if (workspace) {
+        MHA_CHECK(workspace_bytes >= need, MHA_ERR_VALUE,
+                  "workspace: %zu bytes, the stack needs %zu", workspace_bytes, need);
+        MHA_CHECK((uintptr_t)workspace % sizeof(float) == 0, MHA_ERR_VALUE,
+                  "workspace: must be float-aligned");
+        *ws = workspace;
+    } else {
+        *ws = *owned = mha_malloc(need ? need : 1);
+        MHA_CHECK(*ws != NULL, MHA_ERR_NOMEM, "stack: cannot allocate %zu bytes of workspace", need);
+    }
+    return MHA_OK;
+}
+
+static mha_status stack_forward_train(mha_tensor *out, void *saved, size_t saved_bytes,
+                                      const mha_tensor *x, const mha_tensor *memory,
+                                      const mha_encoder_weights *ew, const mha_decoder_weights *dw,
+                                      const mha_layer_masks *masks, const mha_layer_options *opt,
+                                      void *workspace, size_t workspace_bytes) {
+    const bool dec = dw != NULL;
+    const int64_t NL = dec ? dw->num_layers : ew->num_layers;
+    const int final_norm = dec ? dw->final_norm : ew->final_norm;
+    const mha_tensor *nw = dec ? dw->norm_weight : ew->norm_weight;
+    const mha_tensor *nb = dec ? dw->norm_bias : ew->norm_bias;
+    MHA_CHECK(x != NULL && saved != NULL, MHA_ERR_NULL, "stack: NULL input or saved buffer");
+    MHA_CHECK((uintptr_t)saved % sizeof(float) == 0, MHA_ERR_VALUE, "saved: must be float-aligned");
+    int64_t F = 0, B, L, E;
+    MHA_TRY(check_seq(x, dec ? "tgt" : "src", &B, &L, &E));
+    for (int64_t l = 0; l < NL; l++) {
+        mha_mlp_raw mlp;
+        MHA_TRY(dec ? decoder_check(&dw->layers[l], E, &mlp) : encoder_check(&ew->layers[l], E, &mlp));
+        F = mlp.F > F ? mlp.F : F;
+    }
+    if (final_norm) {
+        MHA_TRY(mha_vector_check(nw, "norm.weight", E));
+        MHA_TRY(mha_vector_check(nb, "norm.bias", E));
+    }
+    stack_plan p;
+    float *ws, *owned;
+    MHA_TRY(stack_begin(x, memory, NL, F, opt, saved_bytes, workspace, workspace_bytes, &p, &ws,
+                        &owned));
+    mha_status st = mha_rows_check_out(out, x, "out", p.N, E, false);
+    if (st == MHA_OK && out->ndim != x->ndim)
+        st = mha_error(MHA_ERR_SHAPE, "out: rank %d, want %d like the input", out->ndim, x->ndim);
+    float *sv = saved;
+    const int64_t ne = round_line(p.N * E);
+    for (int64_t l = 0; st == MHA_OK && l < NL; l++) {
+        mha_tensor in = *x, o = *x;
+        in.data = l ? sv + (l - 1) * ne : x->data;
+        o.data = sv + l * ne;
+        float *ls = sv + NL * ne + l * p.layer_saved;
+        size_t lsb = (size_t)p.layer_saved * sizeof(float), lwb = (size_t)p.layer_ws * sizeof(float);
+        st = dec ? mha_decoder_layer_forward_train_at(&o, ls, lsb, &in, memory, &dw->layers[l],
+                                                      masks, opt, ws, lwb, l)
+                 : mha_encoder_layer_forward_train_at(&o, ls, lsb, &in, &ew->layers[l], masks,
+                                                      opt, ws, lwb, l);
+    }
+    if (st == MHA_OK) {
+        const float *top = sv + (NL - 1) * ne;
+        if (final_norm)
+            mha_layernorm_f32(out->data, top, p.N, E, mha_fdata(nw), mha_fdata(nb),
+                              opt->layer_norm_eps);
+        else
+            memcpy(out->data, top, sizeof(float) * (size_t)(p.N * E));
+    }
+    mha_free(owned);
+    return st;
+}
+
+static mha_status stack_backward(mha_tensor *dx, mha_tensor *dmemory,
+                                 const mha_encoder_layer_grads *eg,
+                                 const mha_decoder_layer_grads *dg, mha_tensor *dnorm_weight,
+                                 mha_tensor *dnorm_bias, const mha_tensor *dout, const void *saved,
+                                 size_t saved_bytes, const mha_tensor *x, const mha_tensor *memory,
+                                 const mha_encoder_weights *ew, const mha_decoder_weights *dw,
+                                 const mha_layer_masks *masks, const mha_layer_options *opt,
+                                 void *workspace, size_t workspace_bytes) {
+    const bool dec = dw != NULL;
+    const int64_t NL = dec ? dw->num_layers : ew->num_layers;
+    const int final_norm = dec ? dw->final_norm : ew->final_norm;
+    const mha_tensor *nw = dec ? dw->norm_weight : ew->norm_weight;
+    MHA_CHECK(x != NULL && dout != NULL && saved != NULL, MHA_ERR_NULL,
+              "stack: NULL input, dout or saved buffer");
+    int64_t F = 0, B, L, E;
+    MHA_TRY(check_seq(x, dec ? "tgt" : "src", &B, &L, &E));
+    for (int64_t l = 0; l < NL; l++) {
+        mha_mlp_raw mlp;
+        MHA_TRY(dec ? decoder_check(&dw->layers[l], E, &mlp) : encoder_check(&ew->layers[l], E, &mlp));
+        F = mlp.F > F ? mlp.F : F;
+    }
+    MHA_TRY(dinput_check(dout, x, "dout"));
+    MHA_TRY(dinput_check(dx, x, dec ? "dtgt" : "dsrc"));
+    MHA_CHECK(!dx || !mha_tensors_overlap(dx, dout), MHA_ERR_ALIAS, "dx: overlaps dout");
+    if (final_norm) {
+        MHA_TRY(grad_of(dnorm_weight, nw, "grad norm.weight"));
+        MHA_TRY(grad_of(dnorm_bias, dec ? dw->norm_bias : ew->norm_bias, "grad norm.bias"));
+    }
+    stack_plan p;
+    float *ws, *owned;
+    MHA_TRY(stack_begin(x, memory, NL, F, opt, saved_bytes, workspace, workspace_bytes, &p, &ws,
+                        &owned));
+    const float *sv = saved;
+    const int64_t ne = round_line(p.N * E), n = p.N * E;
+    float *ga = ws + p.layer_ws, *gb = ga + ne;
+    memset(ga, 0, sizeof(float) * (size_t)n);
+    if (final_norm)
+        mha_layernorm_backward_f32(ga, dnorm_weight ? dnorm_weight->data : NULL,
+                                   dnorm_bias ? dnorm_bias->data : NULL, dout->data,
+                                   sv + (NL - 1) * ne, mha_fdata(nw), p.N, E, opt->layer_norm_eps);
+    else
+        memcpy(ga, dout->data, sizeof(float) * (size_t)n);
+    mha_status st = MHA_OK;
+    for (int64_t l = NL - 1; st == MHA_OK && l >= 0; l--) {
+        mha_tensor in = *x, gout = *x, gin = *x;
+        in.data = l ? (void *)(sv + (l - 1) * ne) : x->data;
+        gout.data = ga, gin.data = gb;
+        memset(gb, 0, sizeof(float) * (size_t)n);
+        const float *ls = sv + NL * ne + l * p.layer_saved;
+        size_t lsb = (size_t)p.layer_saved * sizeof(float), lwb = (size_t)p.layer_ws * sizeof(float);
+        st = dec ? mha_decoder_layer_backward_at(&gin, dmemory, dg ? &dg[l] : NULL, &gout, ls, lsb,
+                                                 &in, memory, &dw->layers[l], masks, opt, ws, lwb, l)
+                 : mha_encoder_layer_backward_at(&gin, eg ? &eg[l] : NULL, &gout, ls, lsb, &in,
+                                                 &ew->layers[l], masks, opt, ws, lwb, l);
+        float *t = ga;
+        ga = gb, gb = t;
+    }
+    if (st == MHA_OK && dx) {
+        float *d = dx->data;
+        for (int64_t i = 0; i < n; i++)
+            d[i] += ga[i];
+    }
+    mha_free(owned);
+    return st;
+}
+
+mha_status mha_encoder_forward_train(mha_tensor *out, void *saved, size_t saved_bytes,
+                                     const mha_tensor *src, const mha_encoder_weights *w,
+                                     const mha_layer_masks *masks, const mha_layer_options *opt,
+                                     void *workspace, size_t workspace_bytes) {
+    MHA_CHECK(w != NULL && w->layers != NULL, MHA_ERR_NULL, "encoder: NULL weights");
+    return stack_forward_train(out, saved, saved_bytes, src, NULL, w, NULL, masks, opt, workspace,
+                               workspace_bytes);
+}
+
+mha_status mha_decoder_forward_train(mha_tensor *out, void *saved, size_t saved_bytes,
+                                     const mha_tensor *tgt, const mha_tensor *memory,
+                                     const mha_decoder_weights *w, const mha_layer_masks *masks,
+                                     const mha_layer_options *opt, void *workspace,
+                                     size_t workspace_bytes) {
+    MHA_CHECK(w != NULL && w->layers != NULL, MHA_ERR_NULL, "decoder: NULL weights");
+    MHA_CHECK(memory != NULL, MHA_ERR_NULL, "memory: NULL tensor");
+    return stack_forward_train(out, saved, saved_bytes, tgt, memory, NULL, w, masks, opt,
+                               workspace, workspace_bytes);
+}
+
+mha_status mha_encoder_backward(mha_tensor *dsrc, const mha_encoder_grads *grads,
+                                const mha_tensor *dout, const void *saved, size_t saved_bytes,
+                                const mha_tensor *src, const mha_encoder_weights *w,
+                                const mha_layer_masks *masks, const mha_layer_options *opt,
+                                void *workspace, size_t workspace_bytes) {
+    MHA_CHECK(w != NULL && w->layers != NULL, MHA_ERR_NULL, "encoder: NULL weights");
+    return stack_backward(dsrc, NULL, grads ? grads->layers : NULL, NULL,
+                          grads ? grads->norm_weight : NULL, grads ? grads->norm_bias : NULL, dout,
+                          saved, saved_bytes, src, NULL, w, NULL, masks, opt, workspace,
+                          workspace_bytes);
+}
+
+mha_status mha_decoder_backward(mha_tensor *dtgt, mha_tensor *dmemory,
+                                const mha_decoder_grads *grads, const mha_tensor *dout,
+                                const void *saved, size_t saved_bytes, const mha_tensor *tgt,
+                                const mha_tensor *memory, const mha_decoder_weights *w,
+                                const mha_layer_masks *masks, const mha_layer_options *opt,
+                                void *workspace, size_t workspace_bytes) {
+    MHA_CHECK(w != NULL && w->layers != NULL, MHA_ERR_NULL, "decoder: NULL weights");
+    MHA_CHECK(memory != NULL, MHA_ERR_NULL, "memory: NULL tensor");
+    return stack_backward(dtgt, dmemory, NULL, grads ? grads->layers : NULL,
+                          grads ? grads->norm_weight : NULL, grads ? grads->norm_bias : NULL, dout,
+                          saved, saved_bytes, tgt, memory, NULL, w, masks, opt, workspace,
+                          workspace_bytes);
+}

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """grad_layer_pytorch.py MHA SEED - `mha grad --layer` against fresh random
-PyTorch layers.
+PyTorch layers and stacks (--num-layers).
 
 For encoder and decoder layers (post- and pre-norm, relu/gelu, masks, causal,
 unbatched, --prefix) draws a random nn.TransformerEncoderLayer /
@@ -38,6 +38,10 @@ def main():
             configs.append(dict(dec=dec, nf=nf, act="gelu", am="float", unbatched=1))
     configs.append(dict(dec=1, nf=0, act="relu", mm=1, mkpm=1, prefix="decoder.layers.0."))
     configs.append(dict(dec=0, nf=1, act="gelu", am="bool", prefix="encoder.layers.3."))
+    # stacks (--num-layers): nn.TransformerEncoder / Decoder, with and without a final norm
+    configs.append(dict(dec=0, nf=1, act="gelu", stack=2, final_norm=1, kpm=1, prefix="encoder."))
+    configs.append(dict(dec=1, nf=0, act="relu", stack=3, final_norm=0, causal=1))
+    configs.append(dict(dec=1, nf=1, act="gelu", stack=2, final_norm=1, mm=1))
     for i, c in enumerate(configs):
         E_H = [(6, 2), (9, 3), (12, 4), (10, 5), (8, 1)]
         E, H = E_H[rng.integers(len(E_H))]
@@ -46,6 +50,10 @@ def main():
         kw = dict(d_model=E, nhead=H, dim_feedforward=Fw, dropout=0.0, activation=c["act"],
                   batch_first=True, norm_first=bool(c["nf"]))
         m = (nn.TransformerDecoderLayer if c["dec"] else nn.TransformerEncoderLayer)(**kw)
+        if c.get("stack"):
+            norm = nn.LayerNorm(E) if c["final_norm"] else None
+            m = (nn.TransformerDecoder(m, c["stack"], norm=norm) if c["dec"] else
+                 nn.TransformerEncoder(m, c["stack"], norm=norm, enable_nested_tensor=False))
         with torch.no_grad():
             for p in m.parameters():
                 p.copy_(torch.randn(p.shape) * 0.5)
@@ -81,6 +89,8 @@ def main():
         if c["dec"]:
             y = m(xd, md, tgt_mask=dbl(run_am), tgt_key_padding_mask=kpm, memory_mask=mm,
                   memory_key_padding_mask=mkpm)
+        elif c.get("stack"):
+            y = m(xd, mask=dbl(run_am), src_key_padding_mask=kpm)
         else:
             y = m(xd, src_mask=dbl(run_am), src_key_padding_mask=kpm)
         dy = torch.randn(y.shape).float()
@@ -97,6 +107,8 @@ def main():
                    c["act"]]
             if prefix:
                 cmd += ["--prefix", prefix]
+            if c.get("stack"):
+                cmd += ["--num-layers", str(c["stack"])]
             if c["nf"]:
                 cmd.append("--norm-first")
             if c.get("causal"):

@@ -9,7 +9,7 @@
 #include "../../src/layers.h"
 
 #define GRAD_TOL 1e-4
-#define MAX_T 96
+#define MAX_T 400
 
 typedef struct bag {
     const fixture *f;
@@ -86,7 +86,7 @@ static mha_activation act_named(const char *s) {
 }
 
 static void attn_w(bag *b, const char *p, mha_multihead_weights *w, mha_multihead_grads *g) {
-    char n[96];
+    char n[128];
     memset(w, 0, sizeof *w), memset(g, 0, sizeof *g);
 #define ATT(field)                                              \
     snprintf(n, sizeof n, "%s_" #field, p);                     \
@@ -100,11 +100,24 @@ static void attn_w(bag *b, const char *p, mha_multihead_weights *w, mha_multihea
     (w)->field = load(b, #field, false);                        \
     (g)->field = zeros_like(b, (w)->field, #field);
 
+/* the same under a prefix (stacks: "layers_0_") */
+#define PPARAM(pre, w, g, field)                                \
+    do {                                                        \
+        char nm_[128];                                          \
+        snprintf(nm_, sizeof nm_, "%s" #field, pre);            \
+        (w)->field = load(b, nm_, false);                       \
+        (g)->field = zeros_like(b, (w)->field, nm_);            \
+    } while (0)
+
 /* One layer case; threads > 0 sets the thread count.  Returns the worst
  * gradient error (inf on failure) and copies the input gradient to keep. */
+static double run_stack(const fixture *f, bag *b, int threads, double *worst_all);
+
 static double run_layer(const fixture *f, bag *b, int threads, float **keep, int64_t *keep_n,
                         double *worst_all) {
     bool dec = !strncmp(fixture_str(f, "kind"), "decoder", 7);
+    if (!strcmp(fixture_str(f, "kind"), "encoder") || !strcmp(fixture_str(f, "kind"), "decoder"))
+        return run_stack(f, b, threads, worst_all);
     mha_tensor *x = load(b, dec ? "tgt" : "src", false);
     mha_tensor *mem = dec ? load(b, "memory", false) : NULL;
     mha_tensor *dout = load(b, "dout", false), *ref_out = load(b, "out", false);
@@ -194,6 +207,99 @@ static double run_layer(const fixture *f, bag *b, int threads, float **keep, int
     return e;
 }
 
+/* nn.TransformerEncoder / Decoder: layers_<i>_* and norm_*. */
+static double run_stack(const fixture *f, bag *b, int threads, double *worst_all) {
+    bool dec = !strcmp(fixture_str(f, "kind"), "decoder");
+    const int64_t NL = fixture_int(f, "num_layers");
+    mha_tensor *x = load(b, dec ? "tgt" : "src", false);
+    mha_tensor *mem = dec ? load(b, "memory", false) : NULL;
+    mha_tensor *dout = load(b, "dout", false), *ref_out = load(b, "out", false);
+    mha_layer_masks masks = {load(b, "attn_mask", true), load(b, "key_padding_mask", true),
+                             (int)fixture_int(f, "causal"), load(b, "memory_mask", true),
+                             load(b, "memory_key_padding_mask", true)};
+    mha_layer_options opt;
+    mha_layer_options_init(&opt);
+    opt.num_heads = fixture_int(f, "heads");
+    opt.norm_first = (int)fixture_int(f, "norm_first");
+    opt.activation = act_named(fixture_str(f, "activation"));
+    opt.layer_norm_eps = strtof(fixture_str(f, "eps"), NULL);
+    opt.training = 1;
+    mha_encoder_layer_weights ew[4];
+    mha_decoder_layer_weights dw[4];
+    mha_encoder_layer_grads eg[4];
+    mha_decoder_layer_grads dg[4];
+    memset(ew, 0, sizeof ew), memset(dw, 0, sizeof dw);
+    memset(eg, 0, sizeof eg), memset(dg, 0, sizeof dg);
+    if (NL < 1 || NL > 4)
+        return INFINITY;
+    mha_tensor *dx = zeros_like(b, x, dec ? "tgt" : "src");
+    mha_tensor *dmem = dec ? zeros_like(b, mem, "memory") : NULL;
+    for (int64_t l = 0; l < NL; l++) {
+        char p[32], a[64];
+        snprintf(p, sizeof p, "layers_%lld_", (long long)l);
+        if (dec) {
+            snprintf(a, sizeof a, "%sself_attn", p);
+            attn_w(b, a, &dw[l].self_attn, &dg[l].self_attn);
+            snprintf(a, sizeof a, "%smultihead_attn", p);
+            attn_w(b, a, &dw[l].multihead_attn, &dg[l].multihead_attn);
+            PPARAM(p, &dw[l], &dg[l], linear1_weight); PPARAM(p, &dw[l], &dg[l], linear1_bias);
+            PPARAM(p, &dw[l], &dg[l], linear2_weight); PPARAM(p, &dw[l], &dg[l], linear2_bias);
+            PPARAM(p, &dw[l], &dg[l], norm1_weight); PPARAM(p, &dw[l], &dg[l], norm1_bias);
+            PPARAM(p, &dw[l], &dg[l], norm2_weight); PPARAM(p, &dw[l], &dg[l], norm2_bias);
+            PPARAM(p, &dw[l], &dg[l], norm3_weight); PPARAM(p, &dw[l], &dg[l], norm3_bias);
+        } else {
+            snprintf(a, sizeof a, "%sself_attn", p);
+            attn_w(b, a, &ew[l].self_attn, &eg[l].self_attn);
+            PPARAM(p, &ew[l], &eg[l], linear1_weight); PPARAM(p, &ew[l], &eg[l], linear1_bias);
+            PPARAM(p, &ew[l], &eg[l], linear2_weight); PPARAM(p, &ew[l], &eg[l], linear2_bias);
+            PPARAM(p, &ew[l], &eg[l], norm1_weight); PPARAM(p, &ew[l], &eg[l], norm1_bias);
+            PPARAM(p, &ew[l], &eg[l], norm2_weight); PPARAM(p, &ew[l], &eg[l], norm2_bias);
+        }
+    }
+    const int fn = (int)fixture_int(f, "final_norm");
+    mha_tensor *nw = fn ? load(b, "norm_weight", false) : NULL;
+    mha_tensor *nb = fn ? load(b, "norm_bias", false) : NULL;
+    mha_tensor *dnw = zeros_like(b, nw, "norm_weight"), *dnb = zeros_like(b, nb, "norm_bias");
+    if (b->failed || !x || !dout || !ref_out || (dec && !mem))
+        return INFINITY;
+    int64_t B = x->ndim == 3 ? x->shape[0] : 1, L = x->shape[x->ndim - 2],
+            E = x->shape[x->ndim - 1], S = mem ? mem->shape[mem->ndim - 2] : L;
+    int64_t F = (dec ? dw[0].linear1_weight : ew[0].linear1_weight)->shape[0];
+    size_t sb, wb;
+    if (mha_stack_saved_size(NL, B, L, S, E, opt.num_heads, &sb) != MHA_OK ||
+        mha_stack_train_workspace_size(B, L, S, E, F, opt.num_heads, &wb) != MHA_OK)
+        return INFINITY;
+    float *saved = malloc(sb), *ws = malloc(wb);
+    mha_tensor out;
+    mha_tensor_alloc(&out, MHA_F32, x->ndim, x->shape);
+    mha_encoder_weights es = {NL, ew, fn, nw, nb};
+    mha_decoder_weights ds = {NL, dw, fn, nw, nb};
+    mha_encoder_grads egs = {eg, dnw, dnb};
+    mha_decoder_grads dgs = {dg, dnw, dnb};
+    int old = mha_get_num_threads();
+    if (threads > 0)
+        mha_set_num_threads(threads);
+    mha_status st = dec ? mha_decoder_forward_train(&out, saved, sb, x, mem, &ds, &masks, &opt, ws, wb)
+                        : mha_encoder_forward_train(&out, saved, sb, x, &es, &masks, &opt, ws, wb);
+    if (st == MHA_OK)
+        st = dec ? mha_decoder_backward(dx, dmem, &dgs, dout, saved, sb, x, mem, &ds, &masks, &opt,
+                                        ws, wb)
+                 : mha_encoder_backward(dx, &egs, dout, saved, sb, x, &es, &masks, &opt, ws, wb);
+    mha_set_num_threads(old);
+    double e = INFINITY;
+    if (st != MHA_OK) {
+        printf("    %s: %s\n", f->dir, mha_last_error());
+    } else {
+        double eo = test_rel_err(out.data, ref_out->data, (size_t)numel(ref_out));
+        if (eo > 1e-5)
+            printf("    %s: forward_train output error %.3g\n", f->dir, eo);
+        e = fmax(compare_all(b, worst_all), eo > 1e-5 ? INFINITY : 0.0);
+    }
+    mha_tensor_free(&out);
+    free(saved), free(ws);
+    return e;
+}
+
 TEST(grad_layers_match_pytorch_autograd) {
     static char names[128][128];
     int n = fixture_list("layer_grad", names, 128);
@@ -206,7 +312,8 @@ TEST(grad_layers_match_pytorch_autograd) {
         const char *kind = fixture_str(&f, "kind");
         bag bs = {.f = &f}, *b = &bs;
         double e;
-        if (!strcmp(kind, "encoder_layer") || !strcmp(kind, "decoder_layer")) {
+        if (!strcmp(kind, "encoder_layer") || !strcmp(kind, "decoder_layer") ||
+            !strcmp(kind, "encoder") || !strcmp(kind, "decoder")) {
             e = run_layer(&f, b, 0, NULL, NULL, &worst);
             layers++;
         } else {
@@ -245,8 +352,8 @@ TEST(grad_layers_match_pytorch_autograd) {
         drop(b);
     }
     CHECK(bad == 0);
-    CHECK(layers >= 48 && pieces >= 15);
-    printf("    layer_grad: %d layer + %d piece cases, worst normalised error %.3g\n", layers,
+    CHECK(layers >= 56 && pieces >= 15);
+    printf("    layer_grad: %d layer/stack + %d piece cases, worst normalised error %.3g\n", layers,
            pieces, worst);
 }
 

@@ -235,12 +235,13 @@ mha_status mha_multihead_workspace_floats(int64_t B, int64_t L, int64_t Sx, int6
 /* mha_multihead_forward with a caller workspace (NULL: allocate one).  With a
  * workspace of enough floats it allocates nothing, except the combined mask
  * when bias_k/bias_v or add_zero_attn meet a mask; too small a workspace is
- * MHA_ERR_VALUE. */
+ * MHA_ERR_VALUE.  lse (B,H,L), when not NULL, receives each attention row's
+ * log-sum-exp (what the backward recomputes softmax from). */
 mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
                                     const mha_tensor *key, const mha_tensor *value,
                                     const mha_multihead_weights *w,
                                     const mha_multihead_options *opt, float *workspace,
-                                    int64_t workspace_floats);
+                                    int64_t workspace_floats, float *lse);
 
 /* ---- dense linear algebra ------------------------------------------------ */
 

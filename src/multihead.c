@@ -308,14 +308,14 @@ mha_status mha_multihead_workspace_floats(int64_t B, int64_t L, int64_t Sx, int6
 mha_status mha_multihead_forward(mha_tensor *out, const mha_tensor *query, const mha_tensor *key,
                                  const mha_tensor *value, const mha_multihead_weights *w,
                                  const mha_multihead_options *opt) {
-    return mha_multihead_forward_ws(out, query, key, value, w, opt, NULL, 0);
+    return mha_multihead_forward_ws(out, query, key, value, w, opt, NULL, 0, NULL);
 }
 
 mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
                                     const mha_tensor *key, const mha_tensor *value,
                                     const mha_multihead_weights *w,
                                     const mha_multihead_options *opt, float *workspace,
-                                    int64_t workspace_floats) {
+                                    int64_t workspace_floats, float *lse) {
     mh_dims m;
     memset(&m, 0, sizeof m);
     MHA_TRY(check_dims(&m, query, key, value, w, opt));
@@ -435,6 +435,8 @@ mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
         mha_tensor_init(&p.weights, MHA_F32, per_head, 4, (int64_t[]){m.B, m.H, m.L, m.Sx});
     }
 
+    if (lse) /* (B,H,L) log-sum-exp rows, for the backward */
+        mha_tensor_init(&p.lse, MHA_F32, lse, 3, (int64_t[]){m.B, m.H, m.L});
     st = mha_attn_run(&p, opt->kernel);
     if (st != MHA_OK)
         goto done;

@@ -264,22 +264,10 @@ mha_status mha_multihead_forward_train(mha_tensor *out, void *saved, size_t save
               need);
     float *base = saved;
     float *qkv = base + HEADER_FLOATS, *attn = qkv + n_qkv, *lse = attn + n_attn;
-    MHA_TRY(mha_multihead_forward_ws(out, query, key, value, w, opt, qkv, n_qkv + n_attn));
-
     saved_header hdr = {SAVED_MAGIC, m.B, m.L, m.S, m.E, m.H, m.Sx};
     memcpy(base, &hdr, sizeof hdr);
-    if (m.B == 0 || m.L == 0)
-        return MHA_OK;
-    /* the log-sum-exp of each attention row (the fused forward does not
-     * return it yet: one more pass over the scores) */
-    mha_attn_problem p;
-    mha_tensor padded;
-    MHA_TRY(build_problem(&m, opt, qkv, attn, &p, &padded));
-    mha_attn_grad g;
-    memset(&g, 0, sizeof g);
-    mha_status st = mha_attn_row_stats(&p, &g, lse, NULL);
-    mha_tensor_free(&padded);
-    return st;
+    /* the forward writes qkv and attn in place and each row's log-sum-exp */
+    return mha_multihead_forward_ws(out, query, key, value, w, opt, qkv, n_qkv + n_attn, lse);
 }
 
 /* ---- GEMM loops (each output element owned by one thread, fixed order) ------ */

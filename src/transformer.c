@@ -199,7 +199,7 @@ static mha_status attention(layer_run *r, const mha_tensor *q, const mha_tensor 
     mha_multihead_options o;
     MHA_TRY(attn_options(r->opt, &r->masks, w, cross, layer, &o));
     return mha_multihead_forward_ws(&r->t, q, kv, kv, w, &o, r->ws + r->plan.mha,
-                                    r->plan.mha_floats);
+                                    r->plan.mha_floats, NULL);
 }
 
 static bool dropping(const layer_run *r) { return r->opt->training && r->opt->dropout_p > 0.0f; }

@@ -250,7 +250,7 @@ static int64_t attention_kernel_allocs(const mha_tensor *x, const mha_multihead_
     o.num_heads = heads;
     o.kernel = MHA_KERNEL_SCALAR;
     before = mha_test_alloc_count();
-    if (ws && mha_multihead_forward_ws(&y, x, x, x, w, &o, ws, floats) == MHA_OK)
+    if (ws && mha_multihead_forward_ws(&y, x, x, x, w, &o, ws, floats, NULL) == MHA_OK)
         n = mha_test_alloc_count() - before;
     free(ws);
     mha_tensor_free(&y);

@@ -1,4 +1,5 @@
-/* linear.c - y = x w^T + bias, the projections' GEMM.
+/* linear.c - y = x w^T + bias, the projections' GEMM; and the backward's
+ * C += A B, C += A^T B (mha_gemm_f32_ab).
  *
  * Three paths (src/kernels/gemm.h): one cblas_sgemm call (OpenBLAS), mha's
  * packed AVX2+FMA kernel (src/kernels/gemm_avx2.c), or the cache-blocked
@@ -40,6 +41,33 @@ static void linear_blocked(float *y, int64_t ldy, const float *x, int64_t ldx, c
                     for (; kk < K; kk++)
                         s += xr[kk] * wc[kk];
                     y[r * ldy + c] += s;
+                }
+            }
+        }
+    }
+}
+
+/* Portable C (M,N) += op(A) (M,K) B (K,N), op(A) = A (M,K) or A^T for A
+ * (K,M): blocks of rows x columns of C (fixed by the problem size), each
+ * owned by one thread; per row, k ascending, an axpy of a row of B into C
+ * (contiguous, vectorisable), so every element sums k in order. */
+static void gemm_ab_blocked(int trans_a, float *c, int64_t ldc, const float *a, int64_t lda,
+                            const float *b, int64_t ldb, int64_t M, int64_t N, int64_t K) {
+    enum { ROWS = 16, COLS = 256, KB = 256 };
+    const int64_t nrb = (M + ROWS - 1) / ROWS, ncb = (N + COLS - 1) / COLS;
+#pragma omp parallel for schedule(static) num_threads(mha_threads())
+    for (int64_t t = 0; t < nrb * ncb; t++) {
+        const int64_t r0 = t / ncb * ROWS, c0 = t % ncb * COLS;
+        const int64_t r1 = r0 + ROWS < M ? r0 + ROWS : M, c1 = c0 + COLS < N ? c0 + COLS : N;
+        for (int64_t k0 = 0; k0 < K; k0 += KB) {
+            const int64_t k1 = k0 + KB < K ? k0 + KB : K;
+            for (int64_t r = r0; r < r1; r++) {
+                float *cr = c + r * ldc;
+                for (int64_t k = k0; k < k1; k++) {
+                    const float s = trans_a ? a[k * lda + r] : a[r * lda + k];
+                    const float *br = b + k * ldb;
+                    for (int64_t j = c0; j < c1; j++)
+                        cr[j] += s * br[j];
                 }
             }
         }
@@ -162,6 +190,33 @@ mha_gemm_path mha_linear_f32_path(mha_gemm_path requested, float *y, int64_t ldy
 #endif
     linear_blocked(y, ldy, x, ldx, w, ldw, M, N, K);
     return MHA_GEMM_PORTABLE;
+}
+
+mha_gemm_path mha_gemm_f32_ab_path(mha_gemm_path requested, int trans_a, float *c, int64_t ldc,
+                                   const float *a, int64_t lda, const float *b, int64_t ldb,
+                                   int64_t M, int64_t N, int64_t K) {
+    mha_gemm_path path = mha_gemm_resolve(requested);
+    if (M <= 0 || N <= 0 || K <= 0)
+        return path;
+    if (path == MHA_GEMM_AVX2) {
+        mha_gemm_f32_ab_avx2(trans_a, c, ldc, a, lda, b, ldb, M, N, K);
+        return path;
+    }
+#ifdef MHA_HAVE_CBLAS
+    if (path == MHA_GEMM_BLAS && M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX &&
+        lda <= INT32_MAX && ldb <= INT32_MAX && ldc <= INT32_MAX) {
+        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, CblasNoTrans, (int)M,
+                    (int)N, (int)K, 1.0f, a, (int)lda, b, (int)ldb, 1.0f, c, (int)ldc);
+        return path;
+    }
+#endif
+    gemm_ab_blocked(trans_a, c, ldc, a, lda, b, ldb, M, N, K);
+    return MHA_GEMM_PORTABLE;
+}
+
+void mha_gemm_f32_ab(int trans_a, float *c, int64_t ldc, const float *a, int64_t lda,
+                     const float *b, int64_t ldb, int64_t M, int64_t N, int64_t K) {
+    mha_gemm_f32_ab_path(MHA_GEMM_AUTO, trans_a, c, ldc, a, lda, b, ldb, M, N, K);
 }
 
 void mha_linear_f32(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,

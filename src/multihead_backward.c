@@ -20,8 +20,10 @@
  *   gradient is dropped);
  *   dW_q += dq^T query, db_q += sum dq, dquery += dq W_q (k, v likewise;
  *   self-attention adds all three into dquery).
- * The GEMM loops give each output element to one thread, in a fixed order:
- * bit-identical for any thread count.
+ * The products go through mha_gemm_f32_ab (linear.c: OpenBLAS, mha's AVX2
+ * kernel or the portable loop, as the forward's projections), which gives
+ * each output element to one task in a fixed order: bit-identical for any
+ * thread count.
  *
  * The problem setup (dimensions, PyTorch-convention masks, the padded mask
  * when extra key columns exist) mirrors multihead.c's static helpers.
@@ -270,50 +272,7 @@ mha_status mha_multihead_forward_train(mha_tensor *out, void *saved, size_t save
     return mha_multihead_forward_ws(out, query, key, value, w, opt, qkv, n_qkv + n_attn, lse);
 }
 
-/* ---- GEMM loops (each output element owned by one thread, fixed order) ------ */
-
-/* C (M,N) += sum_b sum_i A_b[i][0..M) ^T B_b[i][0..N): rows = rows per batch. */
-static void gemm_tn(float *C, int64_t ldc, int64_t M, int64_t N, const float *A, int64_t lda,
-                    int64_t bsa, const float *Bm, int64_t ldb, int64_t bsb, int64_t batches,
-                    int64_t rows, float *tmp_rows) {
-    (void)tmp_rows;
-#pragma omp parallel for num_threads(mha_threads()) schedule(static)
-    for (int64_t mm = 0; mm < M; mm++) {
-        float *c = C + mm * ldc;
-        for (int64_t b = 0; b < batches; b++)
-            for (int64_t i = 0; i < rows; i++) {
-                const float a = A[b * bsa + i * lda + mm];
-                if (a == 0.0f)
-                    continue;
-                const float *brow = Bm + b * bsb + i * ldb;
-#pragma omp simd
-                for (int64_t n = 0; n < N; n++)
-                    c[n] += a * brow[n];
-            }
-    }
-}
-
-/* C_b[i][0..N) += A_b[i][0..K) W (K,N) for every batch b and row i. */
-static void gemm_nn(float *C, int64_t ldc, int64_t bsc, const float *A, int64_t lda, int64_t bsa,
-                    const float *W, int64_t ldw, int64_t K, int64_t N, int64_t batches,
-                    int64_t rows) {
-    const int64_t total = batches * rows;
-#pragma omp parallel for num_threads(mha_threads()) schedule(static)
-    for (int64_t r = 0; r < total; r++) {
-        const int64_t b = r / rows, i = r % rows;
-        float *c = C + b * bsc + i * ldc;
-        const float *a = A + b * bsa + i * lda;
-        for (int64_t k = 0; k < K; k++) {
-            const float x = a[k];
-            if (x == 0.0f)
-                continue;
-            const float *wr = W + k * ldw;
-#pragma omp simd
-            for (int64_t n = 0; n < N; n++)
-                c[n] += x * wr[n];
-        }
-    }
-}
+/* ---- sums over the batch ------------------------------------------------------ */
 
 /* db (N) += sum_b sum_i A_b[i][0..N). */
 static void bias_grad(float *db, int64_t N, const float *A, int64_t lda, int64_t bsa,
@@ -461,12 +420,15 @@ mha_status mha_multihead_backward(mha_tensor *dquery, mha_tensor *dkey, mha_tens
     const int64_t ldWO = w->out_proj_weight->stride[0];
 
     /* out projection */
-    if (dw->out_proj_weight)
-        gemm_tn(dw->out_proj_weight->data, dw->out_proj_weight->stride[0], E, E, dO, ldo, bso,
-                attn, E, m.L * E, m.B, m.L, NULL);
+    /* dW_O (E,E) += sum_b dout_b^T (L,E) attn_b (L,E); dattn_b (L,E) = dout_b W_O (E,E) */
+    for (int64_t b = 0; b < m.B; b++) {
+        if (dw->out_proj_weight)
+            mha_gemm_f32_ab(1, dw->out_proj_weight->data, dw->out_proj_weight->stride[0],
+                            dO + b * bso, ldo, attn + b * m.L * E, E, E, E, m.L);
+        mha_gemm_f32_ab(0, dattn + b * m.L * E, E, dO + b * bso, ldo, WO, ldWO, m.L, E, E);
+    }
     if (dw->out_proj_bias)
         bias_grad(dw->out_proj_bias->data, E, dO, ldo, bso, m.B, m.L);
-    gemm_nn(dattn, E, m.L * E, dO, ldo, bso, WO, ldWO, E, E, m.B, m.L);
 
     /* attention */
     mha_attn_problem p;
@@ -528,14 +490,20 @@ mha_status mha_multihead_backward(mha_tensor *dquery, mha_tensor *dkey, mha_tens
         const float *dpart = dqkv + t * E; /* rows ld 3E, batch stride R*3E */
         int64_t ldx, bsx;
         seq_strides(x, m.batched, &ldx, &bsx);
+        /* dW (E,width) += sum_b dpart_b^T (rows,E) x_b (rows,width) */
         if (dW)
-            gemm_tn(dW, lddW, E, width, dpart, E3, m.R * E3, x->data, ldx, bsx, m.B, rows, NULL);
+            for (int64_t b = 0; b < m.B; b++)
+                mha_gemm_f32_ab(1, dW, lddW, dpart + b * m.R * E3, E3,
+                                (const float *)x->data + b * bsx, ldx, E, width, rows);
         if (dw->in_proj_bias)
             bias_grad((float *)dw->in_proj_bias->data + t * E, E, dpart, E3, m.R * E3, m.B, rows);
+        /* dx_b (rows,width) += dpart_b (rows,E) W (E,width) */
         if (dx) {
             int64_t lddx, bsdx;
             seq_strides(dx, m.batched, &lddx, &bsdx);
-            gemm_nn(dx->data, lddx, bsdx, dpart, E3, m.R * E3, W, ldW, E, width, m.B, rows);
+            for (int64_t b = 0; b < m.B; b++)
+                mha_gemm_f32_ab(0, (float *)dx->data + b * bsdx, lddx, dpart + b * m.R * E3, E3,
+                                W, ldW, rows, width, E);
         }
     }
 done:

@@ -41,6 +41,22 @@ mha_gemm_path mha_linear_f32_path(mha_gemm_path requested, float *y, int64_t ldy
 void mha_gemm_f32_avx2(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
                        int64_t ldw, int64_t M, int64_t N, int64_t K);
 
+/* The backward's products, C (M,N) += op(A) B (K,N), on a chosen path;
+ * returns the path that ran.
+ *   trans_a = 0: op(A) = A, A (M,K) rows lda apart (dX = dY W);
+ *   trans_a = 1: op(A) = A^T, A (K,M) rows lda apart (dW = dY^T X).
+ * B (K,N) rows ldb apart, C rows ldc apart; C always accumulates.  Each C
+ * element is owned by one task whose sum order is fixed by the problem
+ * size: bit-identical for any thread count.  No path allocates. */
+mha_gemm_path mha_gemm_f32_ab_path(mha_gemm_path requested, int trans_a, float *c, int64_t ldc,
+                                   const float *a, int64_t lda, const float *b, int64_t ldb,
+                                   int64_t M, int64_t N, int64_t K);
+
+/* avx2 path of the above (same packed kernel as mha_gemm_f32_avx2; only the
+ * packing of A and B differs).  Only call after a CPU check. */
+void mha_gemm_f32_ab_avx2(int trans_a, float *c, int64_t ldc, const float *a, int64_t lda,
+                          const float *b, int64_t ldb, int64_t M, int64_t N, int64_t K);
+
 /* True when the CPU has AVX2 and FMA. */
 bool mha_cpu_has_avx2_fma(void);
 

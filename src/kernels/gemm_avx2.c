@@ -1,4 +1,7 @@
-/* gemm_avx2.c - y (M,N) += x (M,K) w^T with AVX2+FMA, packed panels.
+/* gemm_avx2.c - y (M,N) += x (M,K) w^T with AVX2+FMA, packed panels; and
+ * the backward's two products C (M,N) += A (M,K) B (K,N) and
+ * C (M,N) += A (K,M)^T B (K,N) through the same kernel (only the packing
+ * differs: B (K,N) panels are row copies, A (K,M) is packed transposed).
  *
  * Letters: M rows of x/y, N output features (w is (N,K), PyTorch Linear
  * layout), K input features.  The portable reference of the same product is
@@ -73,53 +76,102 @@ static void kernel_6x16(int64_t kc, const float *const a[MR], const float *b, fl
     _mm256_storeu_ps(c, c50), _mm256_storeu_ps(c + 8, c51);
 }
 
-/* wp (kc, NR) = w^T for rows [n0, n0+nr) of w, columns [k0, k0+kc); zero
- * columns past nr. */
-static void pack_w_panel(float *wp, const float *w, int64_t ldw, int64_t nr, int64_t kc) {
+/* The operands of one product, C (M,N) += op(A) (M,K) op(B) (K,N):
+ *   A in place: a (M,K), row i of op(A) is a + i*lda (read by the kernel
+ *               through row pointers, any lda);
+ *   A packed:   a (K,M), op(A) = a^T; column i of a is gathered into the
+ *               packed block ap (see pack_a_block);
+ *   B "nk":     b (N,K), op(B) = b^T (PyTorch Linear weight w);
+ *   B "kn":     b (K,N), op(B) = b. */
+typedef struct gemm_ops {
+    const float *a;
+    int64_t lda;
+    int a_trans; /* 1: a is (K,M), packed */
+    const float *b;
+    int64_t ldb;
+    int b_kn; /* 1: b is (K,N); 0: b is (N,K) */
+} gemm_ops;
+
+/* bp (kc, NR) = op(B) rows [k0, k0+kc), columns [n0, n0+nr) (b already
+ * offset to (n0, k0) or (k0, n0)); zero columns past nr. */
+static void pack_b_panel(float *bp, const float *b, int64_t ldb, int b_kn, int64_t nr,
+                         int64_t kc) {
     if (nr < NR)
-        memset(wp, 0, sizeof(float) * (size_t)(kc * NR));
-    for (int64_t j = 0; j < nr; j++) {
-        const float *src = w + j * ldw;
+        memset(bp, 0, sizeof(float) * (size_t)(kc * NR));
+    if (b_kn) {
         for (int64_t k = 0; k < kc; k++)
-            wp[k * NR + j] = src[k];
+            memcpy(bp + k * NR, b + k * ldb, sizeof(float) * (size_t)nr);
+        return;
+    }
+    for (int64_t j = 0; j < nr; j++) {
+        const float *src = b + j * ldb;
+        for (int64_t k = 0; k < kc; k++)
+            bp[k * NR + j] = src[k];
     }
 }
 
-/* One task: y rows [r0, r0+mc) x columns [c0, c0+nc), all of K.  The
- * micro-panel of w lives on this thread's stack (16 KiB). */
-static void gemm_task(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
-                      int64_t ldw, int64_t K, int64_t r0, int64_t mc, int64_t c0, int64_t nc) {
-    float wp[KC * NR] __attribute__((aligned(64)));
+/* ap (mc rows of KC floats) = a^T rows [m0, m0+mc), k [k0, k0+kc) for a
+ * (K,M) (a already offset to (k0, m0)): row r of ap is column r of a, so the
+ * kernel reads it through row pointers as it reads an in-place a. */
+static void pack_a_block(float *ap, const float *a, int64_t lda, int64_t mc, int64_t kc) {
+    for (int64_t k = 0; k < kc; k++) {
+        const float *src = a + k * lda;
+        for (int64_t r = 0; r < mc; r++)
+            ap[r * KC + k] = src[r];
+    }
+}
+
+/* One task: C rows [r0, r0+mc) x columns [c0, c0+nc), all of K.  The
+ * micro-panel of op(B) (16 KiB) and, for a transposed A, a block of AC rows
+ * of op(A) (48 KiB) live on this thread's stack.  Every C element is summed
+ * in the same order (k ascending, one FMA chain) whatever the blocking. */
+enum { AC = 48 }; /* rows of op(A) packed at a time: 8 micro-rows, KC x AC in L2 */
+
+static void gemm_task(float *y, int64_t ldy, const gemm_ops *o, int64_t K, int64_t r0,
+                      int64_t mc, int64_t c0, int64_t nc) {
+    float bp[KC * NR] __attribute__((aligned(64)));
+    float ap[o->a_trans ? AC * KC : 1] __attribute__((aligned(64)));
     float t[MR * NR] __attribute__((aligned(32)));
+    const int64_t chunk = o->a_trans ? AC : mc;
     for (int64_t k0 = 0; k0 < K; k0 += KC) {
         int64_t kc = K - k0 < KC ? K - k0 : KC;
-        for (int64_t j = 0; j < nc; j += NR) {
-            int64_t nr = nc - j < NR ? nc - j : NR;
-            pack_w_panel(wp, w + (c0 + j) * ldw + k0, ldw, nr, kc);
-            for (int64_t i = 0; i < mc; i += MR) {
-                int64_t mr = mc - i < MR ? mc - i : MR;
-                const float *a[MR];
-                /* rows past mr repeat the first row; their results are dropped */
-                for (int r = 0; r < MR; r++)
-                    a[r] = x + (r0 + i + (r < mr ? r : 0)) * ldx + k0;
-                float *c = y + (r0 + i) * ldy + c0 + j;
-                if (mr == MR && nr == NR) {
-                    kernel_6x16(kc, a, wp, c, ldy);
-                } else {
-                    /* partial block through a full tile: the arithmetic is the kernel's own */
-                    for (int64_t r = 0; r < mr; r++)
-                        memcpy(t + r * NR, c + r * ldy, sizeof(float) * (size_t)nr);
-                    kernel_6x16(kc, a, wp, t, NR);
-                    for (int64_t r = 0; r < mr; r++)
-                        memcpy(c + r * ldy, t + r * NR, sizeof(float) * (size_t)nr);
+        for (int64_t i0 = 0; i0 < mc; i0 += chunk) {
+            int64_t ic = mc - i0 < chunk ? mc - i0 : chunk;
+            if (o->a_trans)
+                pack_a_block(ap, o->a + k0 * o->lda + r0 + i0, o->lda, ic, kc);
+            for (int64_t j = 0; j < nc; j += NR) {
+                int64_t nr = nc - j < NR ? nc - j : NR;
+                const float *bsrc = o->b_kn ? o->b + k0 * o->ldb + c0 + j
+                                            : o->b + (c0 + j) * o->ldb + k0;
+                pack_b_panel(bp, bsrc, o->ldb, o->b_kn, nr, kc);
+                for (int64_t i = i0; i < i0 + ic; i += MR) {
+                    int64_t mr = i0 + ic - i < MR ? i0 + ic - i : MR;
+                    const float *a[MR];
+                    /* rows past mr repeat the first row; their results are dropped */
+                    for (int r = 0; r < MR; r++) {
+                        int64_t row = i + (r < mr ? r : 0);
+                        a[r] = o->a_trans ? ap + (row - i0) * KC
+                                          : o->a + (r0 + row) * o->lda + k0;
+                    }
+                    float *c = y + (r0 + i) * ldy + c0 + j;
+                    if (mr == MR && nr == NR) {
+                        kernel_6x16(kc, a, bp, c, ldy);
+                    } else {
+                        /* partial block through a full tile: the arithmetic is the kernel's own */
+                        for (int64_t r = 0; r < mr; r++)
+                            memcpy(t + r * NR, c + r * ldy, sizeof(float) * (size_t)nr);
+                        kernel_6x16(kc, a, bp, t, NR);
+                        for (int64_t r = 0; r < mr; r++)
+                            memcpy(c + r * ldy, t + r * NR, sizeof(float) * (size_t)nr);
+                    }
                 }
             }
         }
     }
 }
 
-void mha_gemm_f32_avx2(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
-                       int64_t ldw, int64_t M, int64_t N, int64_t K) {
+/* Tasks of MC x NC, fixed by the problem size (never by the thread count). */
+static void gemm_run(float *y, int64_t ldy, const gemm_ops *o, int64_t M, int64_t N, int64_t K) {
     if (M <= 0 || N <= 0 || K <= 0)
         return;
     const int64_t nmb = (M + MC - 1) / MC, nnb = (N + NC - 1) / NC, tasks = nmb * nnb;
@@ -134,6 +186,18 @@ void mha_gemm_f32_avx2(float *y, int64_t ldy, const float *x, int64_t ldx, const
         int64_t mb = t / nnb, nb = t % nnb;
         int64_t r0 = mb * MC, c0 = nb * NC;
         int64_t mc = M - r0 < MC ? M - r0 : MC, nc = N - c0 < NC ? N - c0 : NC;
-        gemm_task(y, ldy, x, ldx, w, ldw, K, r0, mc, c0, nc);
+        gemm_task(y, ldy, o, K, r0, mc, c0, nc);
     }
+}
+
+void mha_gemm_f32_avx2(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                       int64_t ldw, int64_t M, int64_t N, int64_t K) {
+    gemm_ops o = {.a = x, .lda = ldx, .a_trans = 0, .b = w, .ldb = ldw, .b_kn = 0};
+    gemm_run(y, ldy, &o, M, N, K);
+}
+
+void mha_gemm_f32_ab_avx2(int trans_a, float *c, int64_t ldc, const float *a, int64_t lda,
+                          const float *b, int64_t ldb, int64_t M, int64_t N, int64_t K) {
+    gemm_ops o = {.a = a, .lda = lda, .a_trans = trans_a != 0, .b = b, .ldb = ldb, .b_kn = 1};
+    gemm_run(c, ldc, &o, M, N, K);
 }

@@ -188,3 +188,143 @@ TEST(gemm_no_path_allocates) {
     }
     case_free(&c);
 }
+
+/* ---- the backward's products: C (M,N) += op(A) B (K,N) -------------------------
+ * trans_a = 0: A (M,K); trans_a = 1: A (K,M), op(A) = A^T.  Same rule as
+ * above (tolerance from sum_k |a b| + |c0|), guards in every stride gap. */
+
+typedef struct {
+    int trans_a;
+    int64_t M, N, K, lda, ldb, ldc;
+    float *a, *b, *c0, *c;
+} ab_case;
+
+static void ab_make(ab_case *t, int trans_a, int64_t M, int64_t N, int64_t K, int64_t pad,
+                    uint64_t seed) {
+    t->trans_a = trans_a, t->M = M, t->N = N, t->K = K;
+    int64_t arows = trans_a ? K : M, acols = trans_a ? M : K;
+    t->lda = acols + pad, t->ldb = N + 2 * pad, t->ldc = N + 3 * pad;
+    t->a = randn_buf((size_t)(arows * t->lda), seed);
+    t->b = randn_buf((size_t)(K * t->ldb), seed + 1);
+    t->c0 = randn_buf((size_t)(M * t->ldc), seed + 2);
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t j = N; j < t->ldc; j++)
+            t->c0[r * t->ldc + j] = GUARD;
+    t->c = malloc(sizeof(float) * (size_t)(M * t->ldc + 1));
+}
+
+static void ab_free(ab_case *t) { free(t->a), free(t->b), free(t->c0), free(t->c); }
+
+static mha_gemm_path ab_run(const ab_case *t, mha_gemm_path path) {
+    memcpy(t->c, t->c0, sizeof(float) * (size_t)(t->M * t->ldc));
+    return mha_gemm_f32_ab_path(path, t->trans_a, t->c, t->ldc, t->a, t->lda, t->b, t->ldb, t->M,
+                                t->N, t->K);
+}
+
+static void ab_check(const ab_case *t, mha_gemm_path path) {
+    ab_run(t, path);
+    int bad = 0;
+    for (int64_t i = 0; i < t->M && bad < 3; i++)
+        for (int64_t j = 0; j < t->ldc && bad < 3; j++) {
+            float got = t->c[i * t->ldc + j];
+            if (j >= t->N) {
+                if (got != GUARD) {
+                    test_fail(__FILE__, __LINE__, "ab %s trans_a=%d M=%lld N=%lld K=%lld: guard "
+                              "(%lld,%lld) overwritten", mha_gemm_path_name(path), t->trans_a,
+                              (long long)t->M, (long long)t->N, (long long)t->K, (long long)i,
+                              (long long)j);
+                    bad++;
+                }
+                continue;
+            }
+            double ref = t->c0[i * t->ldc + j], mag = fabs(ref);
+            for (int64_t k = 0; k < t->K; k++) {
+                double av = t->trans_a ? t->a[k * t->lda + i] : t->a[i * t->lda + k];
+                double p = av * (double)t->b[k * t->ldb + j];
+                ref += p, mag += fabs(p);
+            }
+            double tol = (double)(t->K + 2) * 1.2e-7 * mag + 1e-30;
+            if (!(fabs(got - ref) <= tol)) {
+                test_fail(__FILE__, __LINE__,
+                          "ab %s trans_a=%d M=%lld N=%lld K=%lld: c(%lld,%lld) = %.9g, ref %.9g, "
+                          "tol %.3g", mha_gemm_path_name(path), t->trans_a, (long long)t->M,
+                          (long long)t->N, (long long)t->K, (long long)i, (long long)j, got, ref,
+                          tol);
+                bad++;
+            }
+        }
+}
+
+static void ab_all_paths(int64_t M, int64_t N, int64_t K, int64_t pad, uint64_t seed) {
+    for (int tr = 0; tr < 2; tr++) {
+        ab_case t;
+        ab_make(&t, tr, M, N, K, pad, seed);
+        for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++)
+            ab_check(&t, paths[p]);
+        ab_free(&t);
+    }
+}
+
+TEST(gemm_ab_small_odd_shapes) {
+    static const int64_t dims[] = {1, 2, 3, 5, 6, 7, 11, 16, 17, 31, 47, 49, 64, 70};
+    const int nd = (int)(sizeof dims / sizeof dims[0]);
+    uint64_t seed = 300;
+    for (int a = 0; a < nd; a++)
+        for (int b = 0; b < nd; b++)
+            ab_all_paths(dims[a], dims[b], dims[(a * 5 + b * 3) % nd], (a + b) % 3, seed++);
+    for (int k = 0; k < nd; k++)
+        ab_all_paths(13, 29, dims[k], 2, seed++);
+    /* empty products leave C (and its guards) untouched */
+    ab_all_paths(7, 19, 0, 1, seed++);
+    ab_all_paths(0, 5, 3, 1, seed++);
+    ab_all_paths(5, 0, 3, 1, seed++);
+}
+
+TEST(gemm_ab_block_crossing_shapes) {
+    /* MC 144, NC 256, KC 256 and the packed-A chunk AC 48 of the avx2 path;
+     * the MHA backward's dW (E,E) K = L and dX (L,E) K = E */
+    ab_all_paths(145, 257, 257, 1, 400);
+    ab_all_paths(150, 270, 513, 3, 401);
+    ab_all_paths(97, 65, 300, 0, 402);
+    ab_all_paths(49, 530, 40, 2, 403);
+    ab_all_paths(96, 96, 600, 5, 404);
+}
+
+TEST(gemm_ab_bit_identical_across_threads) {
+    static const int threads[] = {1, 2, 3, 7};
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        if (paths[p] == MHA_GEMM_BLAS) /* OpenBLAS's own threading is not ours to promise */
+            continue;
+        for (int tr = 0; tr < 2; tr++) {
+            ab_case t;
+            ab_make(&t, tr, 301, 531, 517, 3, 410 + (uint64_t)tr);
+            size_t n = (size_t)(t.M * t.ldc);
+            float *first = malloc(sizeof(float) * n);
+            for (int k = 0; k < 4; k++) {
+                mha_set_num_threads(threads[k]);
+                ab_run(&t, paths[p]);
+                if (k == 0)
+                    memcpy(first, t.c, sizeof(float) * n);
+                else if (memcmp(first, t.c, sizeof(float) * n) != 0)
+                    test_fail(__FILE__, __LINE__, "ab %s trans_a=%d differs at %d threads",
+                              mha_gemm_path_name(paths[p]), tr, threads[k]);
+            }
+            mha_set_num_threads(0);
+            free(first);
+            ab_free(&t);
+        }
+    }
+}
+
+TEST(gemm_ab_no_path_allocates) {
+    for (int tr = 0; tr < 2; tr++) {
+        ab_case t;
+        ab_make(&t, tr, 150, 270, 300, 1, 420 + (uint64_t)tr);
+        for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+            int64_t before = mha_test_alloc_count();
+            ab_check(&t, paths[p]);
+            CHECK(mha_test_alloc_count() == before);
+        }
+        ab_free(&t);
+    }
+}

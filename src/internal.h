@@ -252,4 +252,11 @@ void mha_linear_f32(float *y, int64_t ldy, const float *x, int64_t ldx, const fl
                     int64_t ldw, const float *bias, int64_t M, int64_t N, int64_t K,
                     int accumulate);
 
+/* The backward's products, C (M,N) += op(A) B (K,N) (always accumulates):
+ * trans_a = 0: A (M,K); trans_a = 1: A (K,M), op(A) = A^T.  Rows lda, ldb,
+ * ldc apart.  Same three paths as mha_linear_f32 (src/kernels/gemm.h);
+ * bit-identical for any thread count; no allocation. */
+void mha_gemm_f32_ab(int trans_a, float *c, int64_t ldc, const float *a, int64_t lda,
+                     const float *b, int64_t ldb, int64_t M, int64_t N, int64_t K);
+
 #endif /* MHA_INTERNAL_H */

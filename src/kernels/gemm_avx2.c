@@ -30,7 +30,11 @@
  *             the y tile MC x NC (144 KiB at NC = 256) while the task walks
  *             its NC / NR micro-panels; each micro-panel of w is packed once
  *             per MC rows (1 copied float per 288 FLOP);
- *   NC = 256: tasks of MC x NC; enough of them for load balance at M >= 300.
+ *   NC = 256: tasks of MC x NC; enough of them for load balance at M >= 300;
+ *   AC = 48:  rows of a transposed A (the backward's dW = dY^T X) packed at
+ *             a time, 48 KiB on the stack beside the 16 KiB B panel; each B
+ *             panel is then packed MC / AC = 3 times per task (1 copied
+ *             float per 96 FLOP).
  * Determinism: every y element is summed in the same order (KC slices in
  * order, k in order inside one, one FMA chain per element) whichever task
  * and thread computes it, so y is bit-identical for any thread count.
@@ -98,6 +102,15 @@ static void pack_b_panel(float *bp, const float *b, int64_t ldb, int b_kn, int64
                          int64_t kc) {
     if (nr < NR)
         memset(bp, 0, sizeof(float) * (size_t)(kc * NR));
+    if (b_kn && nr == NR) {
+        /* two vector moves per row: an inlined memcpy of 64 bytes became
+         * `rep movsq`, slow to start, and took most of the packing time */
+        for (int64_t k = 0; k < kc; k++) {
+            _mm256_store_ps(bp + k * NR, _mm256_loadu_ps(b + k * ldb));
+            _mm256_store_ps(bp + k * NR + 8, _mm256_loadu_ps(b + k * ldb + 8));
+        }
+        return;
+    }
     if (b_kn) {
         for (int64_t k = 0; k < kc; k++)
             memcpy(bp + k * NR, b + k * ldb, sizeof(float) * (size_t)nr);

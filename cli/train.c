@@ -6,7 +6,11 @@
  * to max-len):
  *   reverse  output position i holds digit n-1-i of the n-digit input
  *   sort     output position i holds the i-th smallest input digit
- * Targets on PAD positions are ignored.  The batch of step s is a pure
+ * Targets on PAD positions are ignored.  With --causal (a decoder-only
+ * stack, which cannot see later positions) the same task is a language model:
+ * the sequence is the n digits, SEP, then the n answer digits, each position
+ * predicts the next token, and only the answer is scored (teacher forcing).
+ * The batch of step s is a pure
  * function of (seed, s), so a resumed run sees the same data as a straight
  * one; the held-out set comes from another stream of the same seed.
  *
@@ -24,7 +28,7 @@
 #include <unistd.h>
 
 #define PAD 10
-#define VOCAB 11
+#define SEP 11 /* --causal: between the input and the answer */
 
 #ifdef MHA_HAVE_CBLAS
 /* OpenBLAS's own pool: its threads only spin on matrices this small */
@@ -51,6 +55,8 @@ static void usage(FILE *f) {
             "  --lr LR               peak learning rate (default 3e-3; linear warm-up\n"
             "                        over the first 100 steps, then constant)\n"
             "  --min-len/--max-len   digits per sequence (default 8 / 12)\n"
+            "  --causal              a decoder-only stack: the task becomes next-token\n"
+            "                        prediction of 'digits SEP answer', answer scored\n"
             "  --clip C              clip_grad_norm_ (default 1.0; 0 = off)\n"
             "  --out DIR             checkpoint DIR/model.safetensors (state_dict names),\n"
             "                        DIR/optimizer.safetensors, DIR/loss.tsv, DIR/loss.svg\n"
@@ -70,9 +76,17 @@ static void usage(FILE *f) {
 /* ---- the task ------------------------------------------------------------------- */
 
 typedef struct task {
-    int sort;
+    int sort, causal;
     int64_t min_len, max_len;
+    int64_t T, V; /* sequence length and vocabulary of the layout */
 } task;
+
+/* The layout: T = max_len (V = 11: digits, PAD) or, causal, 2 max_len + 1
+ * (V = 12: digits, PAD, SEP). */
+static void task_layout(task *t) {
+    t->T = t->causal ? 2 * t->max_len + 1 : t->max_len;
+    t->V = t->causal ? 12 : 11;
+}
 
 static uint64_t mix64(uint64_t x) {
     x += 0x9E3779B97F4A7C15ull;
@@ -84,7 +98,7 @@ static uint64_t mix64(uint64_t x) {
 /* B sequences (B,T) and targets for (seed, stream, index). */
 static void make_batch(const task *t, int64_t *tok, int64_t *tgt, int64_t B, uint64_t seed,
                        uint64_t stream, uint64_t index) {
-    const int64_t T = t->max_len;
+    const int64_t T = t->T;
     uint64_t s = mix64(seed ^ mix64(stream ^ mix64(index)));
     for (int64_t b = 0; b < B; b++) {
         int64_t *x = tok + b * T, *y = tgt + b * T;
@@ -107,6 +121,15 @@ static void make_batch(const task *t, int64_t *tok, int64_t *tgt, int64_t B, uin
         }
         for (int64_t i = n; i < T; i++)
             y[i] = -1;
+        if (t->causal) {
+            /* x: digits, SEP, answer, PAD...; y[i] = x[i+1] on the answer's
+             * positions (SEP predicts its first digit) */
+            x[n] = SEP;
+            for (int64_t i = 0; i < n; i++)
+                x[n + 1 + i] = y[i];
+            for (int64_t i = 0; i < T; i++)
+                y[i] = i >= n && i < 2 * n ? x[i + 1] : -1;
+        }
     }
 }
 
@@ -355,7 +378,7 @@ static int64_t read_losses(const char *dir, int64_t upto, int64_t *steps, float 
 static mha_status evaluate(mha_model *m, const task *t, uint64_t seed, int64_t n_eval,
                            int64_t B, double *tok_acc, double *seq_acc, float *eval_loss,
                            const char *dump_dir) {
-    const int64_t T = t->max_len, V = VOCAB;
+    const int64_t T = t->T, V = t->V;
     int64_t *tok = malloc(sizeof(int64_t) * (size_t)(B * T));
     int64_t *tgt = malloc(sizeof(int64_t) * (size_t)(B * T));
     if (!tok || !tgt) {
@@ -422,7 +445,7 @@ int cli_train(int argc, char **argv) {
     int64_t min_len = 8, max_len = 12, n_eval = 1000, threads = 1;
     double lr = 3e-3, dropout = 0.0, clip = 1.0, wd = 1e-2;
     int causal = 0, post_norm = 0, quiet = 0;
-    task t = {0, 0, 0};
+    task t = {0, 0, 0, 0, 0, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0, takes = 1;
@@ -474,7 +497,8 @@ int cli_train(int argc, char **argv) {
                 (long long)max_len);
         return CLI_BAD_INPUT;
     }
-    t.min_len = min_len, t.max_len = max_len;
+    t.min_len = min_len, t.max_len = max_len, t.causal = causal;
+    task_layout(&t);
     mha_set_num_threads((int)threads);
 #ifdef MHA_HAVE_CBLAS
     if (!getenv("OPENBLAS_NUM_THREADS"))
@@ -499,16 +523,20 @@ int cli_train(int argc, char **argv) {
         st = mha_model_load(&m, path, opath, &opt, &start, &useed);
         if (st != MHA_OK)
             return cli_fail(cmd, st, resume);
-        if (mha_model_get_config(m)->max_len != max_len) {
-            fprintf(stderr, "mha train: the checkpoint's max_len is %lld, not %lld\n",
-                    (long long)mha_model_get_config(m)->max_len, (long long)max_len);
+        t.causal = mha_model_get_config(m)->causal; /* the run's layout */
+        task_layout(&t);
+        if (mha_model_get_config(m)->max_len != t.T || mha_model_get_config(m)->vocab != t.V) {
+            fprintf(stderr, "mha train: the checkpoint's max_len %lld / vocab %lld do not fit "
+                            "--max-len %lld\n",
+                    (long long)mha_model_get_config(m)->max_len,
+                    (long long)mha_model_get_config(m)->vocab, (long long)max_len);
             mha_model_free(m), mha_adamw_release(&opt);
             return CLI_BAD_INPUT;
         }
     } else {
         mha_model_config c;
         mha_model_config_init(&c);
-        c.vocab = VOCAB, c.max_len = max_len, c.dim = dim, c.heads = heads, c.ffn = ffn;
+        c.vocab = t.V, c.max_len = t.T, c.dim = dim, c.heads = heads, c.ffn = ffn;
         c.layers = layers, c.causal = causal, c.norm_first = !post_norm;
         c.dropout = (float)dropout;
         st = mha_model_create(&m, &c, useed);
@@ -533,7 +561,7 @@ int cli_train(int argc, char **argv) {
                 (long long)batch, (long long)start, (long long)steps,
                 (unsigned long long)useed);
 
-    const int64_t T = max_len, cap = steps + 1;
+    const int64_t T = t.T, cap = steps + 1;
     int64_t *tok = malloc(sizeof(int64_t) * (size_t)(batch * T));
     int64_t *tgt = malloc(sizeof(int64_t) * (size_t)(batch * T));
     int64_t *hist_step = malloc(sizeof(int64_t) * (size_t)cap);

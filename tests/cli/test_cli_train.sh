@@ -1,8 +1,9 @@
 #!/bin/sh
 # test_cli_train.sh - `mha train`.
-#   * THE ACCURACY CHECK: a fixed seeded run (seed 1, 150 steps, default
-#     model, 1 thread) must reach exact-token accuracy >= 0.95 on the 500
-#     held-out sequences; only the accuracy is checked, never the time.
+#   * THE ACCURACY CHECKS: fixed seeded runs (seed 1, default model, 1
+#     thread; 150 steps bidirectional, 300 steps --causal decoder-only) must
+#     reach exact-token accuracy >= 0.95 on the 500 held-out sequences; only
+#     the accuracy is checked, never the time.
 #   * resumption: 40 steps straight and 20 + --resume 20 give byte-identical
 #     checkpoints (model and optimizer files);
 #   * the checkpoint loads with a STRICT load_state_dict into the matching
@@ -28,6 +29,16 @@ if "$MHA" train --steps 150 --seed 1 --threads 1 --eval 500 --quiet --out "$T/ac
     echo "ok train accuracy $acc after 150 steps"
 else
     ko "mha train --steps 150: exit $? $(tail -c 300 "$T/acc.err")"
+fi
+# the decoder-only form (--causal: next-token prediction of "digits SEP answer"):
+# seed 1, 300 steps, accuracy >= 0.95 on the answers (teacher forced)
+if "$MHA" train --causal --steps 300 --seed 1 --threads 1 --eval 500 --quiet --out "$T/causal" >"$T/c.out" 2>"$T/c.err"; then
+    acc=$(sed -n 's/^accuracy: //p' "$T/c.out")
+    if awk -v a="$acc" 'BEGIN { exit !(a >= 0.95) }'; then ok
+    else ko "mha train --causal --steps 300 --seed 1: accuracy '$acc' < 0.95"; fi
+    echo "ok train --causal accuracy $acc after 300 steps"
+else
+    ko "mha train --causal --steps 300: exit $? $(tail -c 300 "$T/c.err")"
 fi
 for f in model.safetensors optimizer.safetensors loss.svg loss.tsv sample_tokens.npy sample_logits.npy; do
     if [ -s "$T/acc/$f" ]; then ok; else ko "missing $T/acc/$f"; fi

@@ -177,6 +177,11 @@ int cli_mha_inputs_load(cli_mha_inputs *in, const char *cmd) {
     in->S = in->key_ptr->shape[b];
     in->kdim = in->key_ptr->shape[b + 1];
     in->vdim = in->value_ptr->shape[b + 1];
+    if (in->heads > in->E || in->E % in->heads != 0) { /* before any buffer is sized by it */
+        fprintf(stderr, "mha %s: --heads: %lld does not divide the query's embedding width %lld\n",
+                cmd, (long long)in->heads, (long long)in->E);
+        return CLI_BAD_INPUT;
+    }
 
     if (in->key_padding_mask_path) {
         st = mha_npy_load_any(in->key_padding_mask_path, 1, &in->key_padding_mask, NULL);

@@ -159,6 +159,8 @@ typedef struct mha_attn_problem {
     mha_tensor alibi;              /* (Hq) F32 slopes, data NULL when off   */
     mha_tensor sinks;              /* (Hq) F32 logits, data NULL when off   */
     mha_tensor lse;                /* (B,Hq,L) data NULL when not requested */
+    void *scratch;                 /* caller-planned kernel workspace, or NULL */
+    size_t scratch_bytes;          /* its size; a kernel that needs more allocates */
     mha_tensor qk;                 /* (B,Hq,L,S) data NULL when not requested */
     int qk_mode;                   /* 0..3 for qk                            */
     bool softmax_f64;              /* the reference kernel only              */
@@ -220,6 +222,15 @@ mha_kernel mha_attn_best_kernel(void);
  *   scalar fused tiles with online softmax, portable C;
  *   avx2   the same with AVX2+FMA microkernels. */
 mha_status mha_attn_fwd_f32_ref(const mha_attn_problem *p);
+
+/* Bytes of scratch the forward kernels need for a problem of these sizes
+ * with mha_threads() threads, for any options: the planned workspace a
+ * caller passes in mha_attn_problem.scratch so the call allocates nothing.
+ * d, dv >= 1. */
+size_t mha_attn_scratch_bound(int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S,
+                              int64_t d, int64_t dv);
+size_t mha_attn_flash_scratch_bound(int64_t B, int64_t Hkv, int64_t S, int64_t d, int64_t dv,
+                                    int nthreads);
 mha_status mha_attn_fwd_f32_scalar(const mha_attn_problem *p);
 mha_status mha_attn_fwd_f32_avx2(const mha_attn_problem *p);
 
@@ -229,7 +240,7 @@ mha_status mha_attn_fwd_f32_avx2(const mha_attn_problem *p);
  * off (per-head weights are then written straight to the caller's tensor;
  * averaged weights need B*H*L*S' more): qkv (B,max(L,S'),3E) + attn (B,L,E).
  * S' = S + bias_kv + add_zero_attn. */
-mha_status mha_multihead_workspace_floats(int64_t B, int64_t L, int64_t Sx, int64_t E,
+mha_status mha_multihead_workspace_floats(int64_t B, int64_t L, int64_t Sx, int64_t E, int64_t H,
                                           int64_t *floats);
 
 /* mha_multihead_forward with a caller workspace (NULL: allocate one).  With a

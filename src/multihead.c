@@ -295,12 +295,20 @@ static void average_heads(const mh_dims *m, const float *per_head, mha_tensor *a
             }
 }
 
-mha_status mha_multihead_workspace_floats(int64_t B, int64_t L, int64_t Sx, int64_t E,
+/* Floats of kernel scratch after the buffers, 64-byte aligned. */
+static int64_t scratch_floats(int64_t B, int64_t L, int64_t Sx, int64_t E, int64_t H) {
+    int64_t d = H > 0 && E % H == 0 && E > 0 ? E / H : 1;
+    size_t bytes = mha_attn_scratch_bound(B, H, H, L, Sx, d, d);
+    return 16 + (int64_t)((bytes + 63) / 64 * 16);
+}
+
+mha_status mha_multihead_workspace_floats(int64_t B, int64_t L, int64_t Sx, int64_t E, int64_t H,
                                           int64_t *floats) {
     int64_t R = L > Sx ? L : Sx, n_qkv, n_attn;
     MHA_CHECK(mha_product((int64_t[]){B, R, 3, E}, 4, &n_qkv) &&
                   mha_product((int64_t[]){B, L, E}, 3, &n_attn) &&
-                  !__builtin_add_overflow(n_qkv, n_attn, floats),
+                  !__builtin_add_overflow(n_qkv, n_attn, floats) &&
+                  !__builtin_add_overflow(*floats, scratch_floats(B, L, Sx, E, H), floats),
               MHA_ERR_OVERFLOW, "multihead: workspace size overflows");
     return MHA_OK;
 }
@@ -366,16 +374,29 @@ mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
                   !__builtin_add_overflow(total, (size_t)n_w, &total) &&
                   !mha_size_mul_overflows(total, sizeof(float), &total),
               MHA_ERR_OVERFLOW, "multihead: workspace size overflows");
+    /* then the attention kernel's scratch: planned by the caller's workspace,
+     * or part of the one allocation made here */
+    const size_t used = total / sizeof(float);
     float *ws = workspace;
-    if (ws)
-        MHA_CHECK(total / sizeof(float) <= (uint64_t)workspace_floats, MHA_ERR_VALUE,
-                  "multihead: workspace of %lld floats, need %zu", (long long)workspace_floats,
-                  total / sizeof(float));
-    else
+    size_t ws_floats = (size_t)workspace_floats;
+    if (ws) {
+        MHA_CHECK(used <= ws_floats, MHA_ERR_VALUE, "multihead: workspace of %lld floats, need %zu",
+                  (long long)workspace_floats, used);
+    } else {
+        int64_t extra = scratch_floats(m.B, m.L, m.Sx, m.E, m.H);
+        MHA_CHECK(!__builtin_add_overflow(used, (size_t)extra, &ws_floats) &&
+                      !mha_size_mul_overflows(ws_floats, sizeof(float), &total),
+                  MHA_ERR_OVERFLOW, "multihead: workspace size overflows");
         ws = mha_malloc(total);
+    }
     MHA_CHECK(ws != NULL, MHA_ERR_NOMEM, "multihead: cannot allocate %zu bytes of workspace",
               total);
     float *qkv = ws, *attn = ws + n_qkv, *per_head = n_w ? attn + n_attn : NULL;
+    const size_t scratch_at = (used + 15) / 16 * 16;
+    if (ws_floats > scratch_at) {
+        p.scratch = ws + scratch_at;
+        p.scratch_bytes = (ws_floats - scratch_at) * sizeof(float);
+    }
     mha_tensor padded = {0};
     mha_status st = MHA_OK;
 

@@ -52,7 +52,16 @@ static mha_status plan_workspace(int64_t B, int64_t L, int64_t S, int64_t E, int
               "layer: negative size in (B,L,S,E,F) = (%lld,%lld,%lld,%lld,%lld)", (long long)B,
               (long long)L, (long long)S, (long long)E, (long long)F);
     int64_t ne, nf;
-    MHA_TRY(mha_multihead_workspace_floats(B, L, S > L ? S : L, E, &p->mha_floats));
+    /* the attention kernel's scratch depends on the head count, which the
+     * plan does not take: plan for the largest over every H dividing E */
+    p->mha_floats = 0;
+    for (int64_t H = 1; H <= (E > 0 ? E : 1); H++) {
+        int64_t floats;
+        if (E > 0 && E % H != 0)
+            continue;
+        MHA_TRY(mha_multihead_workspace_floats(B, L, S > L ? S : L, E, H, &floats));
+        p->mha_floats = floats > p->mha_floats ? floats : p->mha_floats;
+    }
     MHA_CHECK(mha_product((int64_t[]){B, L, E}, 3, &ne) && mha_product((int64_t[]){B, L, F}, 3, &nf) &&
                   p->mha_floats < INT64_MAX / 8 && ne < INT64_MAX / 8 && nf < INT64_MAX / 8,
               MHA_ERR_OVERFLOW, "layer: workspace size overflows");

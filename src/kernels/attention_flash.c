@@ -512,6 +512,24 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
 
 /* ---- the driver --------------------------------------------------------------- */
 
+/* The driver's one workspace: packed K/V of `chunk` (b, kv head) pairs (the
+ * chunk keeps them near PACK_BUDGET_BYTES), one per-thread tile workspace
+ * each, then a flag per packed key block.  false on overflow. */
+static bool scratch_sizes(const flash_plan *pl, int nthreads, int64_t *chunk,
+                          size_t *pack_floats, size_t *flag_bytes, size_t *total) {
+    const mha_attn_problem *p = pl->p;
+    const int64_t pairs = p->B * p->Hkv;
+    const size_t pair_bytes = sizeof(float) * (size_t)(pl->pair_floats > 0 ? pl->pair_floats : 1);
+    *chunk = clamp64((int64_t)(PACK_BUDGET_BYTES / pair_bytes), 1, pairs > 0 ? pairs : 1);
+    size_t ws_all, floats;
+    *flag_bytes = (sizeof(bool) * (size_t)(*chunk * pl->nkb + 1) + 63) / 64 * 64;
+    return !mha_size_mul_overflows((size_t)*chunk, (size_t)pl->pair_floats, pack_floats) &&
+           !mha_size_mul_overflows((size_t)nthreads, pl->ws_floats, &ws_all) &&
+           !__builtin_add_overflow(*pack_floats, ws_all, &floats) &&
+           !mha_size_mul_overflows(floats, sizeof(float), total) &&
+           !__builtin_add_overflow(*total, *flag_bytes, total);
+}
+
 mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *isa) {
     flash_plan pl = {.p = p, .isa = isa};
     pl.G = p->Hq / p->Hkv;
@@ -524,27 +542,18 @@ mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *is
     pl.pair_floats = pl.nkb * BC * (p->d + pl.dvp);
     pl.ws_floats = ws_layout(&pl, NULL, &(flash_ws){0});
 
-    /* pairs per chunk: the packed K/V of a chunk stays near the budget */
-    const int64_t pairs = p->B * p->Hkv;
-    const size_t pair_bytes = sizeof(float) * (size_t)(pl.pair_floats > 0 ? pl.pair_floats : 1);
-    int64_t chunk = (int64_t)(PACK_BUDGET_BYTES / pair_bytes);
-    chunk = clamp64(chunk, 1, pairs);
-
     const int nthreads = mha_threads();
-    size_t pack_floats, ws_all, total;
-    MHA_CHECK(!mha_size_mul_overflows((size_t)chunk, (size_t)pl.pair_floats, &pack_floats) &&
-                  !mha_size_mul_overflows((size_t)nthreads, pl.ws_floats, &ws_all) &&
-                  !__builtin_add_overflow(pack_floats, ws_all, &total) &&
-                  !mha_size_mul_overflows(total, sizeof(float), &total),
+    int64_t chunk;
+    size_t pack_floats, flag_bytes, total;
+    MHA_CHECK(scratch_sizes(&pl, nthreads, &chunk, &pack_floats, &flag_bytes, &total),
               MHA_ERR_OVERFLOW, "attention: workspace size overflows");
-    float *buf = mha_malloc(total ? total : 1);
-    bool *vflags = mha_malloc(sizeof(bool) * (size_t)(chunk * pl.nkb + 1));
-    if (!buf || !vflags) {
-        mha_free(buf);
-        mha_free(vflags);
+    const bool planned = p->scratch && p->scratch_bytes >= total;
+    float *buf = planned ? p->scratch : mha_malloc(total);
+    if (!buf)
         return mha_error(MHA_ERR_NOMEM, "attention: cannot allocate %zu bytes of workspace",
                          total);
-    }
+    bool *vflags = (bool *)((char *)buf + total - flag_bytes);
+    const int64_t pairs = p->B * p->Hkv;
     float *pack = buf, *wsbase = buf + pack_floats;
 
 #pragma omp parallel num_threads(nthreads)
@@ -577,9 +586,23 @@ mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *is
             }
         }
     }
-    mha_free(vflags);
-    mha_free(buf);
+    if (!planned)
+        mha_free(buf);
     return MHA_OK;
+}
+
+size_t mha_attn_flash_scratch_bound(int64_t B, int64_t Hkv, int64_t S, int64_t d, int64_t dv,
+                                    int nthreads) {
+    /* the largest layout: a bias tile, as if some mask were given */
+    mha_attn_problem p = {.B = B, .Hkv = Hkv, .Hq = Hkv, .S = S, .d = d, .dv = dv};
+    flash_plan pl = {.p = &p, .has_bias = true};
+    pl.nkb = (S + BC - 1) / BC;
+    pl.dvp = round_up(dv > 0 ? dv : 1, NR);
+    pl.pair_floats = pl.nkb * BC * (d + pl.dvp);
+    pl.ws_floats = ws_layout(&pl, NULL, &(flash_ws){0});
+    int64_t chunk;
+    size_t pack_floats, flag_bytes, total;
+    return scratch_sizes(&pl, nthreads, &chunk, &pack_floats, &flag_bytes, &total) ? total : 0;
 }
 
 /* ---- kernels and selection ------------------------------------------------ */

@@ -139,7 +139,9 @@ static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t 
 mha_status mha_attn_fwd_f32_ref(const mha_attn_problem *p) {
     const int64_t rows = p->B * p->Hq * p->L;
     const int nthreads = mha_threads();
-    double *scratch = mha_malloc(sizeof(double) * (size_t)(p->S > 0 ? p->S : 1) * (size_t)nthreads);
+    const size_t need = sizeof(double) * (size_t)(p->S > 0 ? p->S : 1) * (size_t)nthreads;
+    const bool planned = p->scratch && p->scratch_bytes >= need;
+    double *scratch = planned ? p->scratch : mha_malloc(need);
     if (!scratch)
         return mha_error(MHA_ERR_NOMEM, "attention: cannot allocate %lld score doubles",
                          (long long)p->S * nthreads);
@@ -152,6 +154,16 @@ mha_status mha_attn_fwd_f32_ref(const mha_attn_problem *p) {
         int64_t i = r % p->L, h = (r / p->L) % p->Hq, b = r / (p->L * p->Hq);
         attend_row(p, b, h, i, scratch + (size_t)tid * (size_t)(p->S > 0 ? p->S : 1));
     }
-    mha_free(scratch);
+    if (!planned)
+        mha_free(scratch);
     return MHA_OK;
+}
+
+size_t mha_attn_scratch_bound(int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S,
+                              int64_t d, int64_t dv) {
+    (void)Hq, (void)L;
+    const int nthreads = mha_threads();
+    size_t ref = sizeof(double) * (size_t)(S > 0 ? S : 1) * (size_t)nthreads;
+    size_t flash = mha_attn_flash_scratch_bound(B, Hkv, S, d, dv, nthreads);
+    return ref > flash ? ref : flash;
 }

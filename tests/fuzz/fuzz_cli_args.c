@@ -6,7 +6,8 @@
  * most 48 tokens of at most 200 bytes).  The first token is the subcommand;
  * it goes through the real dispatcher (cli/main.c built with main renamed
  * mha_cli_main), so --help, --version and unknown commands are covered too.
- * `bench` and `demo` are skipped (they time and print; nothing to parse).
+ * `bench`, `demo` and `train` are skipped (they time, print or train for
+ * seconds to minutes; little to parse), unless the input asks for --help.
  *
  * Sandbox: the target works inside a private temporary directory holding
  * small valid inputs (q.npy k.npy v.npy kpm.npy am.npy, q4.npy k4.npy v4.npy,
@@ -19,6 +20,7 @@
 #include "cli.h"
 
 #include <dirent.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,7 +143,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         i++; /* past the separator */
     }
     argv[argc] = NULL;
-    if (argc >= 2 && (!strcmp(argv[1], "bench") || !strcmp(argv[1], "demo")))
+    bool help = false;
+    for (int a = 2; a < argc; a++)
+        help = help || !strcmp(argv[a], "--help");
+    if (argc >= 2 && !help &&
+        (!strcmp(argv[1], "bench") || !strcmp(argv[1], "demo") || !strcmp(argv[1], "train")))
         return 0;
     (void)mha_cli_main(argc, argv);
     if (++runs % 256 == 0)

@@ -102,6 +102,48 @@ put('npy', 'nul_in_header.npy', npy(hdr(descr="'<f\x004'"), F48), 'FORMAT',
 put('npy', 'header_v2_short.npy', npy(hdr(), F48, version=(2, 0), hlen=20), 'FORMAT',
     'bad .npy header')
 
+# Headers cut exactly where a parser step looks for the next character
+# (no padding), and the remaining header branches (tests/unit/test_io_branches.c
+# covers the accepted spellings).
+def npy_raw(text):
+    t = text.encode('latin1')
+    return b'\x93NUMPY\x01\x00' + struct.pack('<H', len(t)) + t
+
+
+put('npy', 'ws_tab_cr_missing_shape.npy',
+    npy("{\t'descr':\r'<f4',\r\n'fortran_order':\tFalse}"), 'FORMAT', 'missing key shape')
+put('npy', 'missing_descr.npy', npy("{'fortran_order': False, 'shape': (3, 4), }"), 'FORMAT',
+    'missing key descr')
+put('npy', 'missing_fortran.npy', npy("{'descr': '<f4', 'shape': (3, 4), }"), 'FORMAT',
+    'missing key fortran_order')
+put('npy', 'key_unquoted.npy', npy("{descr: '<f4'}"), 'FORMAT', 'expected a quoted key')
+put('npy', 'key_backslash.npy', npy("{'de\\scr': '<f4'}"), 'FORMAT',
+    'unsupported character in key')
+put('npy', 'key_too_long.npy', npy("{'%s': 1}" % ('k' * 40)), 'FORMAT', 'key too long')
+put('npy', 'descr_unquoted.npy', npy("{'descr': f4}"), 'FORMAT', 'expected a quoted descr')
+put('npy', 'descr_unterminated.npy', npy_raw("{'descr': '<f4"), 'FORMAT', 'unterminated descr')
+put('npy', 'duplicate_fortran.npy', npy(hdr()[:-1] + "'fortran_order': False, }", F48),
+    'FORMAT', 'duplicate key fortran_order')
+put('npy', 'duplicate_shape.npy', npy(hdr()[:-1] + "'shape': (3, 4), }", F48), 'FORMAT',
+    'duplicate key shape')
+put('npy', 'cut_after_brace.npy', npy_raw("{"), 'FORMAT', 'unterminated dict')
+put('npy', 'cut_after_comma.npy', npy_raw("{'descr': '<f4',"), 'FORMAT', 'unterminated dict')
+put('npy', 'cut_after_key.npy', npy_raw("{'descr'"), 'FORMAT', "expected ':' after 'descr'")
+put('npy', 'cut_after_colon.npy', npy_raw("{'descr':"), 'UNSUPPORTED', 'descr')
+put('npy', 'cut_after_value.npy', npy_raw("{'descr': '<f4'"), 'FORMAT',
+    "expected ',' or '}' after 'descr'")
+put('npy', 'junk_after_value.npy', npy("{'descr': '<f4' x}"), 'FORMAT',
+    "expected ',' or '}' after 'descr'")
+put('npy', 'cut_in_bool.npy', npy_raw("{'fortran_order': Tru"), 'FORMAT', 'fortran_order')
+put('npy', 'cut_before_shape.npy', npy_raw("{'shape':"), 'FORMAT', 'shape is not a tuple')
+put('npy', 'cut_in_shape.npy', npy_raw("{'shape': (3,"), 'FORMAT', 'unterminated shape')
+put('npy', 'cut_in_digits.npy', npy_raw("{'shape': (3"), 'FORMAT', "expected ',' or ')'")
+put('npy', 'shape_letter_after_digits.npy', npy(hdr(shape='(3a, 4)'), F48), 'FORMAT',
+    "expected ',' or ')'")
+put('npy', 'shape_plus.npy', npy(hdr(shape='(+3, 4)'), F48), 'FORMAT', "'+' is not a size")
+put('npy', 'shape_2_pow_63.npy', npy(hdr(shape='(9223372036854775808,)')), 'OVERFLOW',
+    '64 bits')
+
 # ---- safetensors --------------------------------------------------------------
 
 

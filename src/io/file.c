@@ -71,8 +71,9 @@ mha_status mha_file_read(mha_file *f, int64_t off, void *buf, size_t n, const ch
     int64_t end;
     MHA_CHECK(off >= 0 && !__builtin_add_overflow(off, (int64_t)n, &end) && (int64_t)n >= 0 &&
                   end <= f->size,
-              MHA_ERR_FORMAT, "%s: truncated: %s needs bytes %lld..%lld but the file has %lld",
-              f->name, what, (long long)off, (long long)off + (long long)n, (long long)f->size);
+              MHA_ERR_FORMAT, "%s: truncated: %s needs bytes %lld..%llu but the file has %lld",
+              f->name, what, (long long)off, (unsigned long long)off + (unsigned long long)n,
+              (long long)f->size); /* unsigned: the sum may not fit (no UB in the message) */
     uint8_t *dst = buf;
     while (n > 0) {
         int fault = injected_fault();

@@ -260,6 +260,97 @@ put(S, 'nul_escape.safetensors', st_raw(b'{"a\\u0000":{}}'), 'FORMAT', 'NUL')
 put(S, 'control_char.safetensors', st_raw(b'{"a\n":{}}'), 'FORMAT', 'control character')
 put(S, 'unterminated_string.safetensors', st_raw(b'{"abc'), 'FORMAT', 'unterminated string')
 
+# Headers cut where the JSON parser looks for its next token, and the
+# remaining string, escape, UTF-8 and integer branches.
+E6 = b'"dtype":"F32","shape":[6],"data_offsets":[0,24]'
+put(S, 'ws_tab_cr_nl.safetensors', st_raw(b'{\t"a"\r:\n{' + E6 + b'}\t,\r\n"a":{' + E6 + b'}}',
+                                          D24), 'FORMAT', "duplicate tensor name 'a'")
+put(S, 'cut_after_name.safetensors', st_raw(b'{"a":  '), 'FORMAT', "expected '{' to open")
+put(S, 'cut_header_spaces.safetensors', st_raw(b'{  '), 'FORMAT', 'expected a string')
+put(S, 'name_no_colon.safetensors', st_raw(b'{"a" x}'), 'FORMAT', "expected ':' after a tensor")
+put(S, 'cut_after_entry.safetensors', st_raw(b'{"a":{' + E6 + b'}'), 'FORMAT',
+    "expected ',' or '}' after an entry")
+put(S, 'junk_after_entry.safetensors', st_raw(b'{"a":{' + E6 + b'} x}'), 'FORMAT',
+    "expected ',' or '}' after an entry")
+put(S, 'cut_in_entry.safetensors', st_raw(b'{"a":{'), 'FORMAT', 'expected a string')
+put(S, 'field_no_colon.safetensors', st_raw(b'{"a":{"dtype" x}}'), 'FORMAT',
+    "expected ':' after a tensor key")
+put(S, 'cut_after_field.safetensors', st_raw(b'{"a":{"dtype":"F32"'), 'FORMAT',
+    "expected ',' or '}'")
+put(S, 'junk_after_field.safetensors', st_raw(b'{"a":{"dtype":"F32" x}}'), 'FORMAT',
+    "expected ',' or '}'")
+put(S, 'missing_shape.safetensors', st({'a': {'dtype': 'F32', 'data_offsets': [0, 24]}}, D24),
+    'FORMAT', 'missing shape')
+put(S, 'shape_not_array.safetensors', st({'a': {'dtype': 'F32', 'shape': 6,
+                                                'data_offsets': [0, 24]}}, D24),
+    'FORMAT', "expected '[' shape")
+put(S, 'offsets_empty.safetensors', st({'a': ent(shape=(6,), off=())}, D24), 'FORMAT',
+    'needs 2 integers')
+put(S, 'cut_in_array.safetensors', st_raw(b'{"a":{"shape":['), 'FORMAT',
+    'negative or missing')
+put(S, 'cut_in_integer.safetensors', st_raw(b'{"a":{"shape":[12'), 'FORMAT',
+    "expected ',' or ']'")
+put(S, 'cut_after_zero.safetensors', st_raw(b'{"a":{"shape":[0'), 'FORMAT',
+    "expected ',' or ']'")
+put(S, 'junk_in_array.safetensors', st_raw(b'{"a":{"shape":[1 x]}}'), 'FORMAT',
+    "expected ',' or ']'")
+put(S, 'shape_plus.safetensors', st_raw(b'{"a":{"shape":[+1]}}'), 'FORMAT', 'not an integer')
+put(S, 'shape_letter.safetensors', st_raw(b'{"a":{"shape":[a]}}'), 'FORMAT', 'not an integer')
+put(S, 'offset_exponent_e.safetensors', st_raw(b'{"a":{"shape":[1e2]}}'), 'FORMAT',
+    'not an integer')
+put(S, 'offset_exponent_E.safetensors', st_raw(b'{"a":{"shape":[1E2]}}'), 'FORMAT',
+    'not an integer')
+put(S, 'offset_2_pow_63.safetensors', st_raw(b'{"a":{"shape":[9223372036854775808]}}'),
+    'OVERFLOW', '63 bits')
+put(S, 'metadata_not_object.safetensors', st_raw(b'{"__metadata__":5}'), 'FORMAT',
+    "expected '{' to open __metadata__")
+put(S, 'metadata_cut.safetensors', st_raw(b'{"__metadata__":{'), 'FORMAT',
+    'expected a string for a __metadata__ key')
+put(S, 'metadata_key_number.safetensors', st_raw(b'{"__metadata__":{5:"x"}}'), 'FORMAT',
+    'expected a string for a __metadata__ key')
+put(S, 'metadata_no_colon.safetensors', st_raw(b'{"__metadata__":{"k" "x"}}'), 'FORMAT',
+    "expected ':' after a __metadata__ key")
+put(S, 'metadata_cut_value.safetensors', st_raw(b'{"__metadata__":{"k":'), 'FORMAT',
+    'is not a string')
+put(S, 'metadata_value_cut.safetensors', st_raw(b'{"__metadata__":{"k":"abc'), 'FORMAT',
+    'unterminated string in a __metadata__ value')
+put(S, 'metadata_cut_after.safetensors', st_raw(b'{"__metadata__":{"k":"v"'), 'FORMAT',
+    "__metadata__: bad JSON")
+put(S, 'metadata_junk_after.safetensors', st_raw(b'{"__metadata__":{"k":"v" x}}'), 'FORMAT',
+    "__metadata__: bad JSON")
+put(S, 'escape_cut.safetensors', st_raw(b'{"a\\'), 'FORMAT', 'truncated escape')
+put(S, 'escape_nul.safetensors', st_raw(b'{"a\\\0":{}}'), 'FORMAT', 'bad escape')
+put(S, 'escape_u_cut.safetensors', st_raw(b'{"\\u12'), 'FORMAT', 'truncated \\u escape')
+put(S, 'escape_u_bad_hex.safetensors', st_raw(b'{"\\u00g0":{}}'), 'FORMAT', 'bad \\u escape')
+put(S, 'escape_u_bad_hex_punct.safetensors', st_raw(b'{"\\u00:0":{}}'), 'FORMAT',
+    'bad \\u escape')
+put(S, 'escape_u_bad_hex_upper.safetensors', st_raw(b'{"\\u00G0":{}}'), 'FORMAT',
+    'bad \\u escape')
+put(S, 'surrogate_low_first.safetensors', st_raw(b'{"\\udc00\\udc00":{}}'), 'FORMAT',
+    'surrogate')
+put(S, 'surrogate_cut.safetensors', st_raw(b'{"\\ud800'), 'FORMAT', 'surrogate')
+put(S, 'surrogate_then_other_escape.safetensors', st_raw(b'{"\\ud800\\n":{}}'), 'FORMAT',
+    'surrogate')
+put(S, 'surrogate_then_bmp.safetensors', st_raw(b'{"\\ud800\\u0041":{}}'), 'FORMAT',
+    'surrogate')
+put(S, 'surrogate_then_high.safetensors', st_raw(b'{"\\ud800\\ud800":{}}'), 'FORMAT',
+    'surrogate')
+put(S, 'surrogate_then_e000.safetensors', st_raw(b'{"\\ud800\\ue000":{}}'), 'FORMAT',
+    'surrogate')
+put(S, 'utf8_cut_at_end.safetensors', st_raw(b'{"\xf0\x9f'), 'FORMAT', 'UTF-8')
+put(S, 'utf8_bad_continuation.safetensors', st_raw(b'{"\xe2\x28\xa1":{}}'), 'FORMAT', 'UTF-8')
+put(S, 'utf8_overlong_3.safetensors', st_raw(b'{"\xe0\x80\xaf":{}}'), 'FORMAT', 'UTF-8')
+put(S, 'utf8_surrogate.safetensors', st_raw(b'{"\xed\xa0\x80":{}}'), 'FORMAT', 'UTF-8')
+put(S, 'utf8_above_10ffff.safetensors', st_raw(b'{"\xf4\x90\x80\x80":{}}'), 'FORMAT', 'UTF-8')
+put(S, 'utf8_overlong_4.safetensors', st_raw(b'{"\xf0\x80\x80\xaf":{}}'), 'FORMAT', 'UTF-8')
+put(S, 'shape_bytes_overflow_only.safetensors',
+    st({'a': ent(dtype='F64', shape=(1 << 61,))}, D24), 'OVERFLOW', 'overflows')
+put(S, 'duplicate_name_of_three.safetensors',
+    st_raw(b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},'
+           b'"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},'
+           b'"b":{"dtype":"F32","shape":[2],"data_offsets":[16,24]}}', D24),
+    'FORMAT', "duplicate tensor name 'a'")
+
 with open(os.path.join(HERE, 'expected.txt'), 'w') as f:
     f.write('# FILE STATUS message-substring   (written by make_corpus.py)\n')
     f.write('\n'.join(table) + '\n')

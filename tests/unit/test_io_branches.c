@@ -286,3 +286,205 @@ TEST(io_branches_npy_save_api) {
     mha_tensor_free(&back);
     remove(p);
 }
+
+/* ---- safetensors.c ------------------------------------------------------------ */
+
+/* Opens the safetensors bytes (8-byte length + header + data) from memory. */
+static mha_status st_mem(const char *header, const void *data, size_t n, mha_safetensors **st) {
+    static uint8_t buf[8192];
+    size_t h = strlen(header);
+    for (int k = 0; k < 8; k++)
+        buf[k] = (uint8_t)((uint64_t)h >> (8 * k));
+    memcpy(buf + 8, header, h);
+    memcpy(buf + 8 + h, data, n);
+    mha_file f;
+    mha_file_open_mem(&f, buf, 8 + h + n, "mem.safetensors");
+    return mha_safetensors_read(&f, st);
+}
+
+TEST(io_branches_safetensors_names_escapes_and_integer_dtypes) {
+    /* escaped and raw UTF-8 names of 1 to 4 bytes, every integer dtype */
+    static const char hdr[] =
+        "{\"__metadata__\":{\"k\":\"v\",\"\\u00E9\":\"\\u00e9\",\"p\":\"\\ue000\"},"
+        "\"\\u00e9\\u20ac\\ud83d\\ude00\":{\"dtype\":\"I8\",\"shape\":[2],\"data_offsets\":[0,2]},"
+        "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80x\":{\"dtype\":\"U8\",\"shape\":[2],"
+        "\"data_offsets\":[2,4]},"
+        "\"i16\":{\"dtype\":\"I16\",\"shape\":[2],\"data_offsets\":[4,8]},"
+        "\"u16\":{\"dtype\":\"U16\",\"shape\":[2],\"data_offsets\":[8,12]},"
+        "\"i32\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[12,20]},"
+        "\"u32\":{\"dtype\":\"U32\",\"shape\":[2],\"data_offsets\":[20,28]},"
+        "\"i64\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[28,44]},"
+        "\"u64\":{\"dtype\":\"U64\",\"shape\":[2],\"data_offsets\":[44,60]},"
+        "\"f8\":{\"dtype\":\"F8_E4M3\",\"shape\":[4],\"data_offsets\":[60,64]},"
+        "\"d5\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1],\"data_offsets\":[64,68]},"
+        "\"s\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[68,72]}}";
+    uint8_t d[72] = {0};
+    d[0] = 1, d[1] = 0xfe;                               /* I8 1 -2 */
+    d[2] = 1, d[3] = 254;                                /* U8 */
+    d[4] = 1, d[6] = 0xfe, d[7] = 0xff;                  /* I16 */
+    d[8] = 1, d[10] = 0xfe, d[11] = 0xff;                /* U16 1 65534 */
+    d[12] = 1, memset(d + 16, 0xff, 4), d[16] = 0xfe;    /* I32 */
+    d[20] = 1, d[24] = 2;                                /* U32 1 2 */
+    d[28] = 1, memset(d + 36, 0xff, 8), d[36] = 0xfe;    /* I64 */
+    d[44] = 1, d[52] = 2;                                /* U64 */
+    d[66] = 0x80, d[67] = 0x3f, d[70] = 0x80, d[71] = 0x3f; /* 1.0f twice */
+    mha_safetensors *st;
+    REQUIRE_OK(st_mem(hdr, d, sizeof d, &st));
+    CHECK(mha_safetensors_count(st) == 11);
+    CHECK(!strcmp(mha_safetensors_name(st, 0), "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"));
+    CHECK(mha_safetensors_name(st, -1) == NULL && mha_safetensors_name(st, 11) == NULL);
+    CHECK(mha_safetensors_name(NULL, 0) == NULL && mha_safetensors_count(NULL) == 0);
+    CHECK(mha_safetensors_find(NULL, "x") == -1 && mha_safetensors_find(st, NULL) == -1);
+    CHECK(mha_safetensors_metadata_count(st) == 3 && mha_safetensors_metadata_count(NULL) == 0);
+    CHECK(!strcmp(mha_safetensors_metadata_key(st, 1), "\xc3\xa9"));
+    CHECK(!strcmp(mha_safetensors_metadata_value(st, 1), "\xc3\xa9"));
+    CHECK(mha_safetensors_metadata_key(st, 3) == NULL);
+    CHECK(mha_safetensors_metadata_key(st, -1) == NULL);
+    CHECK(mha_safetensors_metadata_key(NULL, 0) == NULL);
+    CHECK(mha_safetensors_metadata_value(st, 3) == NULL);
+    CHECK(!strcmp(mha_safetensors_metadata_value(st, 2), "\xee\x80\x80"));
+    CHECK(mha_safetensors_metadata_value(st, -1) == NULL);
+    CHECK(mha_safetensors_metadata_value(NULL, 0) == NULL);
+    CHECK(!strcmp(mha_safetensors_metadata(st, "k"), "v"));
+    CHECK(mha_safetensors_metadata(st, "zz") == NULL && mha_safetensors_metadata(st, NULL) == NULL);
+    CHECK(mha_safetensors_metadata(NULL, "k") == NULL);
+
+    static const struct {
+        const char *name;
+        float a, b;
+    } want[] = {{"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", 1, -2},
+                {"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80x", 1, 254},
+                {"i16", 1, -2}, {"u16", 1, 65534}, {"i32", 1, -2}, {"u32", 1, 2},
+                {"i64", 1, -2}, {"u64", 1, 2}};
+    for (int i = 0; i < 8; i++) {
+        mha_tensor t;
+        REQUIRE_OK(mha_safetensors_get_f32(st, want[i].name, &t));
+        float *x = t.data;
+        CHECK(x[0] == want[i].a && x[1] == want[i].b);
+        mha_tensor_free(&t);
+    }
+    mha_tensor t;
+    CHECK_STATUS(mha_safetensors_get_f32(st, "f8", &t), MHA_ERR_UNSUPPORTED);
+    CHECK_STATUS(mha_safetensors_get_f32(st, "d5", &t), MHA_ERR_UNSUPPORTED);
+    CHECK_STATUS(mha_safetensors_get_f32(st, "nope", &t), MHA_ERR_VALUE);
+    CHECK_STATUS(mha_safetensors_get_f32(st, NULL, &t), MHA_ERR_NULL);
+    CHECK_STATUS(mha_safetensors_get_f32(NULL, "s", &t), MHA_ERR_NULL);
+    CHECK_STATUS(mha_safetensors_get_f32(st, "s", NULL), MHA_ERR_NULL);
+    CHECK_STATUS(mha_safetensors_view_f32(st, "s", NULL), MHA_ERR_NULL);
+    CHECK_STATUS(mha_safetensors_view_f32(st, "nope", &t), MHA_ERR_VALUE);
+    REQUIRE_OK(mha_safetensors_get_f32(st, "s", &t));
+    CHECK(t.ndim == 0 && ((float *)t.data)[0] == 1.0f);
+    mha_tensor_free(&t);
+    const char *dt;
+    int nd;
+    int64_t shape[MHA_SAFETENSORS_MAX_DIMS];
+    CHECK_STATUS(mha_safetensors_info(NULL, 0, &dt, &nd, shape), MHA_ERR_NULL);
+    CHECK_STATUS(mha_safetensors_info(st, -1, &dt, &nd, shape), MHA_ERR_VALUE);
+    CHECK_STATUS(mha_safetensors_info(st, 11, &dt, &nd, shape), MHA_ERR_VALUE);
+    CHECK_STATUS(mha_safetensors_info(st, 10, NULL, NULL, NULL), MHA_OK);
+    mha_safetensors_free(st);
+    mha_safetensors_free(NULL);
+    CHECK_STATUS(mha_safetensors_open("x", NULL), MHA_ERR_NULL);
+    CHECK_STATUS(mha_safetensors_open("/nonexistent-dir/x", &st), MHA_ERR_IO);
+    CHECK(st == NULL);
+
+    /* read without a mapping: every read path, then a failing data read */
+    mha_test_fail_io(2, 0, MHA_IO_FAULT_FAIL); /* the 2nd I/O operation is the map */
+    REQUIRE_OK(st_mem(hdr, d, sizeof d, &st));
+    REQUIRE_OK(mha_safetensors_get_f32(st, "i16", &t));
+    CHECK(((float *)t.data)[1] == -2.0f);
+    mha_tensor_free(&t);
+    mha_test_fail_io(1, 0, MHA_IO_FAULT_FAIL);
+    CHECK_STATUS(mha_safetensors_get_f32(st, "i16", &t), MHA_ERR_IO);
+    mha_test_fail_io(0, 0, MHA_IO_FAULT_FAIL);
+    mha_safetensors_free(st);
+    /* no mapping, and the header buffer cannot be allocated */
+    mha_test_fail_io(2, 0, MHA_IO_FAULT_FAIL);
+    mha_test_fail_alloc(3, 0); /* st, the string scratch, the header copy */
+    CHECK_STATUS(st_mem(hdr, d, sizeof d, &st), MHA_ERR_NOMEM);
+    mha_test_fail_alloc(0, 0);
+    mha_test_fail_io(0, 0, MHA_IO_FAULT_FAIL);
+}
+
+TEST(io_branches_safetensors_write_api) {
+    const char *p = tmp_path("w.safetensors");
+    float x[2] = {1, 2};
+    mha_tensor t;
+    REQUIRE_OK(mha_tensor_init(&t, MHA_F32, x, 1, (int64_t[]){2}));
+    const mha_tensor *ts[3] = {&t, &t, &t};
+    const char *nm[3] = {"a", "b", "c"};
+    const char *mk[1] = {"k"}, *mv[1] = {"v"}, *nul[1] = {NULL};
+    CHECK_STATUS(mha_safetensors_write(NULL, nm, ts, 1, NULL, NULL, 0), MHA_ERR_NULL);
+    CHECK_STATUS(mha_safetensors_write(p, NULL, ts, 1, NULL, NULL, 0), MHA_ERR_NULL);
+    CHECK_STATUS(mha_safetensors_write(p, nm, NULL, 1, NULL, NULL, 0), MHA_ERR_NULL);
+    CHECK_STATUS(mha_safetensors_write(p, NULL, NULL, 0, NULL, NULL, 0), MHA_OK);
+    CHECK_STATUS(mha_safetensors_write(p, nm, ts, 1, NULL, mv, 1), MHA_ERR_NULL);
+    CHECK_STATUS(mha_safetensors_write(p, nm, ts, 1, mk, NULL, 1), MHA_ERR_NULL);
+    CHECK_STATUS(mha_safetensors_write(p, nm, ts, -1, NULL, NULL, 0), MHA_ERR_VALUE);
+    CHECK_STATUS(mha_safetensors_write(p, nm, ts, 1, mk, mv, -1), MHA_ERR_VALUE);
+    const char *nn[2] = {NULL, "b"};
+    CHECK_STATUS(mha_safetensors_write(p, nn, ts, 2, NULL, NULL, 0), MHA_ERR_NULL);
+    const char *nul2[2] = {NULL, "k"};
+    CHECK_STATUS(mha_safetensors_write(p, nm, ts, 1, nul2, nul2, 2), MHA_ERR_NULL);
+    const mha_tensor *tn[1] = {NULL};
+    CHECK_STATUS(mha_safetensors_write(p, nm, tn, 1, NULL, NULL, 0), MHA_ERR_NULL);
+    const char *empty[1] = {""}, *md[1] = {"__metadata__"};
+    CHECK_STATUS(mha_safetensors_write(p, empty, ts, 1, NULL, NULL, 0), MHA_ERR_VALUE);
+    CHECK_STATUS(mha_safetensors_write(p, md, ts, 1, NULL, NULL, 0), MHA_ERR_VALUE);
+    mha_tensor bad = t;
+    const mha_tensor *tb[1] = {&bad};
+    bad.dtype = (mha_dtype)99;
+    CHECK_STATUS(mha_safetensors_write(p, nm, tb, 1, NULL, NULL, 0), MHA_ERR_DTYPE);
+    bad = t, bad.ndim = -1;
+    CHECK_STATUS(mha_safetensors_write(p, nm, tb, 1, NULL, NULL, 0), MHA_ERR_SHAPE);
+    bad = t, bad.ndim = MHA_MAX_DIMS + 1;
+    CHECK_STATUS(mha_safetensors_write(p, nm, tb, 1, NULL, NULL, 0), MHA_ERR_SHAPE);
+    bad = t, bad.shape[0] = -1;
+    CHECK(mha_safetensors_write(p, nm, tb, 1, NULL, NULL, 0) != MHA_OK);
+    bad = t, bad.data = NULL;
+    CHECK_STATUS(mha_safetensors_write(p, nm, tb, 1, NULL, NULL, 0), MHA_ERR_NULL);
+    bad = t, bad.shape[0] = 0, bad.data = NULL; /* empty: no data needed */
+    CHECK_STATUS(mha_safetensors_write(p, nm, tb, 1, NULL, NULL, 0), MHA_OK);
+    bad = t, bad.stride[0] = -100;
+    CHECK(mha_safetensors_write(p, nm, tb, 1, NULL, NULL, 0) != MHA_OK);
+    const char *dup[3] = {"a", "b", "a"};
+    CHECK_STATUS(mha_safetensors_write(p, dup, ts, 3, NULL, NULL, 0), MHA_ERR_VALUE);
+    CHECK_STATUS(mha_safetensors_write(p, nm, ts, 1, nul, mv, 1), MHA_ERR_NULL);
+    CHECK_STATUS(mha_safetensors_write(p, nm, ts, 1, mk, nul, 1), MHA_ERR_NULL);
+    CHECK_STATUS(mha_safetensors_write("/nonexistent-dir/x", nm, ts, 1, NULL, NULL, 0),
+                 MHA_ERR_IO);
+    /* several tensors without metadata, a bool tensor, a large tensor */
+    uint8_t bv[2] = {0, 7};
+    mha_tensor tbool;
+    REQUIRE_OK(mha_tensor_init(&tbool, MHA_BOOL, bv, 1, (int64_t[]){2}));
+    static float big[5000];
+    mha_tensor tbig;
+    REQUIRE_OK(mha_tensor_init(&tbig, MHA_F32, big, 1, (int64_t[]){5000}));
+    uint16_t hv[2] = {0x3c00, 0x4000};
+    mha_tensor th;
+    REQUIRE_OK(mha_tensor_init(&th, MHA_F16, hv, 1, (int64_t[]){2}));
+    const mha_tensor *tm[3] = {&th, &tbool, &tbig};
+    REQUIRE_OK(mha_safetensors_write(p, nm, tm, 3, NULL, NULL, 0));
+    mha_safetensors *st;
+    REQUIRE_OK(mha_safetensors_open(p, &st));
+    CHECK(mha_safetensors_count(st) == 3);
+    mha_safetensors_free(st);
+    /* unmapped: a large tensor is read in several chunks; a failing chunk */
+    mha_test_fail_io(2, 0, MHA_IO_FAULT_FAIL); /* read of the length, then the map */
+    REQUIRE_OK(mha_safetensors_open(p, &st));
+    mha_tensor got;
+    REQUIRE_OK(mha_safetensors_get_f32(st, "c", &got));
+    CHECK(got.shape[0] == 5000);
+    mha_tensor_free(&got);
+    mha_test_fail_io(2, 0, MHA_IO_FAULT_FAIL);
+    CHECK_STATUS(mha_safetensors_get_f32(st, "c", &got), MHA_ERR_IO);
+    mha_test_fail_io(0, 0, MHA_IO_FAULT_FAIL);
+    mha_safetensors_free(st);
+    /* a header write failure, and a data write failure */
+    for (int k = 1; k <= 3; k++) {
+        mha_test_fail_io(k, 0, MHA_IO_FAULT_FAIL);
+        CHECK_STATUS(mha_safetensors_write(p, nm, tm, 3, mk, mv, 1), MHA_ERR_IO);
+    }
+    mha_test_fail_io(0, 0, MHA_IO_FAULT_FAIL);
+    remove(p);
+}

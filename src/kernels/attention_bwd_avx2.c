@@ -19,6 +19,8 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include "simd_avx2.h" /* exp256 */
+
 enum { MR = MHA_BWD_MR, NR = MHA_BWD_NR };
 
 /* c (MR, np*NR) (+)= a (MR, k) . b (np, k, NR), a(r,x) = a[r*rsa + x*csa] */
@@ -64,33 +66,6 @@ static void gemm_avx2(float *c, int64_t ldc, const float *a, int64_t rsa, int64_
         _mm256_storeu_ps(o, a40), _mm256_storeu_ps(o + 8, a41), o += ldc;
         _mm256_storeu_ps(o, a50), _mm256_storeu_ps(o + 8, a51);
     }
-}
-
-/* exp(x) for x <= ~88 (and NaN): Cephes expf, error about 1-2 ulp; the same
- * polynomial as the forward's (attention_flash_avx2.c, kept static there).
- * ref: S. L. Moshier, Cephes Math Library, expf.c.  Inputs below -87.33
- * give 0 (no denormals). */
-static inline __m256 exp256(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.33654f);
-    const __m256 hi = _mm256_set1_ps(88.3762626647949f);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_min_ps(hi, x); /* operand order keeps NaN */
-    x = _mm256_max_ps(lo, x);
-    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
-                                               _mm256_set1_ps(0.5f)));
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)),
-                                  23);
-    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(under, y);
 }
 
 /* See mha_bwd_isa.row_grad: P = exp(s*scale + bias - lse), dS = P (dP - D);

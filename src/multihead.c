@@ -15,6 +15,7 @@
  *   5. out = attn W_O^T + b_O.
  */
 #include "internal.h"
+#include "multihead.h"
 
 #include <math.h>
 #include <string.h>
@@ -27,11 +28,6 @@ void mha_multihead_options_init(mha_multihead_options *opt) {
     opt->masked_rows = MHA_MASKED_ROWS_ZERO;
     opt->kernel = MHA_KERNEL_AUTO;
 }
-
-typedef struct mh_dims {
-    bool batched, self_attn, packed, bias_kv;
-    int64_t B, L, S, Sx, R, E, H, d, kdim, vdim;
-} mh_dims;
 
 /* A (rows, cols) float32 weight, contiguous in its last dimension. */
 static mha_status check_matrix(const mha_tensor *t, const char *name, int64_t rows, int64_t cols) {
@@ -63,7 +59,7 @@ static mha_status check_vector(const mha_tensor *t, const char *name, int64_t n)
 }
 
 /* query/key/value: (B,N,width) or unbatched (N,width), rows contiguous. */
-static mha_status check_sequence(const mha_tensor *t, const char *name, bool batched,
+mha_status mha_mh_check_sequence(const mha_tensor *t, const char *name, bool batched,
                                  int64_t *B, int64_t *N, int64_t *width) {
     char sb[MHA_SHAPE_BUF];
     MHA_CHECK(t != NULL, MHA_ERR_NULL, "%s: NULL tensor", name);
@@ -81,15 +77,16 @@ static mha_status check_sequence(const mha_tensor *t, const char *name, bool bat
 }
 
 /* Row stride and batch stride of a (B,N,width) or (N,width) sequence. */
-static void sequence_strides(const mha_tensor *t, bool batched, int64_t *ld, int64_t *bs) {
+void mha_mh_sequence_strides(const mha_tensor *t, bool batched, int64_t *ld, int64_t *bs) {
     *ld = t->stride[batched ? 1 : 0];
     *bs = batched ? t->stride[0] : 0;
 }
 
-static mha_status check_dims(mh_dims *m, const mha_tensor *query, const mha_tensor *key,
+mha_status mha_mh_check_dims(mh_dims *m, const mha_tensor *query, const mha_tensor *key,
                              const mha_tensor *value, const mha_multihead_weights *w,
                              const mha_multihead_options *opt) {
     char s1[MHA_SHAPE_BUF], s2[MHA_SHAPE_BUF];
+    memset(m, 0, sizeof *m);
     MHA_CHECK(w != NULL, MHA_ERR_NULL, "w: NULL weights");
     MHA_CHECK(opt != NULL, MHA_ERR_NULL, "opt: NULL options");
     MHA_CHECK(query != NULL, MHA_ERR_NULL, "query: NULL tensor");
@@ -97,9 +94,9 @@ static mha_status check_dims(mh_dims *m, const mha_tensor *query, const mha_tens
     MHA_CHECK(query->ndim == 2 || query->ndim == 3, MHA_ERR_SHAPE,
               "query: shape %s, want (B,L,E) or (L,E)", mha_shape_str(query, s1, sizeof s1));
     int64_t Bk, Bv, Sv;
-    MHA_TRY(check_sequence(query, "query", m->batched, &m->B, &m->L, &m->E));
-    MHA_TRY(check_sequence(key, "key", m->batched, &Bk, &m->S, &m->kdim));
-    MHA_TRY(check_sequence(value, "value", m->batched, &Bv, &Sv, &m->vdim));
+    MHA_TRY(mha_mh_check_sequence(query, "query", m->batched, &m->B, &m->L, &m->E));
+    MHA_TRY(mha_mh_check_sequence(key, "key", m->batched, &Bk, &m->S, &m->kdim));
+    MHA_TRY(mha_mh_check_sequence(value, "value", m->batched, &Bv, &Sv, &m->vdim));
     MHA_CHECK(Bk == m->B && Bv == m->B, MHA_ERR_SHAPE,
               "key/value: batch sizes %lld/%lld differ from query's %lld", (long long)Bk,
               (long long)Bv, (long long)m->B);
@@ -146,7 +143,8 @@ static mha_status check_dims(mh_dims *m, const mha_tensor *query, const mha_tens
 }
 
 /* Checks a PyTorch-MHA mask and gives its (B,H,L,S) broadcast view. */
-static mha_status mask_view(const mh_dims *m, const mha_tensor *t, bool is_kpm, mha_tensor *view) {
+mha_status mha_mh_mask_view(const mh_dims *m, const mha_tensor *t, bool is_kpm,
+                            mha_tensor *view) {
     char sb[MHA_SHAPE_BUF];
     const char *name = is_kpm ? "key_padding_mask" : "attn_mask";
     MHA_CHECK(t->dtype == MHA_F32 || t->dtype == MHA_BOOL, MHA_ERR_DTYPE,
@@ -213,7 +211,7 @@ static mha_status check_weights_out(const mh_dims *m, const mha_multihead_option
 
 /* Combined additive mask (Bm,Hm,L,S') when extra key columns exist: causal
  * and the caller's masks on the first S columns, 0 on the appended ones. */
-static mha_status build_padded_mask(const mh_dims *m, const mha_tensor *attn,
+mha_status mha_mh_build_padded_mask(const mh_dims *m, const mha_tensor *attn,
                                     const mha_tensor *kpm, int causal, mha_tensor *out) {
     int64_t shape[4] = {kpm || (attn && attn->stride[0]) ? m->B : 1,
                         attn && attn->stride[1] ? m->H : 1, m->L, m->Sx};
@@ -241,9 +239,9 @@ static void project_qkv(const mh_dims *m, float *qkv, const mha_tensor *query,
     const int64_t E = m->E, E3 = 3 * E;
     const float *bias = w->in_proj_bias ? w->in_proj_bias->data : NULL;
     int64_t ldq, bsq, ldk, bsk, ldv, bsv;
-    sequence_strides(query, m->batched, &ldq, &bsq);
-    sequence_strides(key, m->batched, &ldk, &bsk);
-    sequence_strides(value, m->batched, &ldv, &bsv);
+    mha_mh_sequence_strides(query, m->batched, &ldq, &bsq);
+    mha_mh_sequence_strides(key, m->batched, &ldk, &bsk);
+    mha_mh_sequence_strides(value, m->batched, &ldv, &bsv);
     const float *wq, *wk, *wv;
     int64_t ldwq, ldwk, ldwv;
     if (m->packed) {
@@ -326,10 +324,10 @@ mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
                                     int64_t workspace_floats, float *lse) {
     mh_dims m;
     memset(&m, 0, sizeof m);
-    MHA_TRY(check_dims(&m, query, key, value, w, opt));
+    MHA_TRY(mha_mh_check_dims(&m, query, key, value, w, opt));
 
     int64_t ob, ol, oe;
-    MHA_TRY(check_sequence(out, "out", m.batched, &ob, &ol, &oe));
+    MHA_TRY(mha_mh_check_sequence(out, "out", m.batched, &ob, &ol, &oe));
     MHA_CHECK(ob == m.B && ol == m.L && oe == m.E, MHA_ERR_SHAPE,
               "out: shape does not match query's (B,L,E) = (%lld,%lld,%lld)", (long long)m.B,
               (long long)m.L, (long long)m.E);
@@ -349,9 +347,9 @@ mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
 
     mha_tensor attn_view = {0}, kpm_view = {0};
     if (opt->attn_mask)
-        MHA_TRY(mask_view(&m, opt->attn_mask, false, &attn_view));
+        MHA_TRY(mha_mh_mask_view(&m, opt->attn_mask, false, &attn_view));
     if (opt->key_padding_mask)
-        MHA_TRY(mask_view(&m, opt->key_padding_mask, true, &kpm_view));
+        MHA_TRY(mha_mh_mask_view(&m, opt->key_padding_mask, true, &kpm_view));
     if (opt->weights)
         MHA_TRY(check_weights_out(&m, opt));
 
@@ -420,7 +418,7 @@ mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
 
     /* masks */
     if (m.Sx != m.S && (opt->attn_mask || opt->key_padding_mask || opt->causal)) {
-        st = build_padded_mask(&m, opt->attn_mask ? &attn_view : NULL,
+        st = mha_mh_build_padded_mask(&m, opt->attn_mask ? &attn_view : NULL,
                                opt->key_padding_mask ? &kpm_view : NULL, opt->causal, &padded);
         if (st != MHA_OK)
             goto done;
@@ -466,7 +464,7 @@ mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
 
     /* step 5: output projection */
     int64_t ldo, bso;
-    sequence_strides(out, m.batched, &ldo, &bso);
+    mha_mh_sequence_strides(out, m.batched, &ldo, &bso);
     for (int64_t b = 0; b < m.B; b++)
         mha_linear_f32((float *)out->data + b * bso, ldo, attn + b * m.L * E, E,
                        w->out_proj_weight->data, w->out_proj_weight->stride[0],

@@ -26,9 +26,10 @@
  * thread count.
  *
  * The problem setup (dimensions, PyTorch-convention masks, the padded mask
- * when extra key columns exist) mirrors multihead.c's static helpers.
+ * when extra key columns exist) uses multihead.c's helpers (multihead.h).
  */
 #include "internal.h"
+#include "multihead.h"
 #include "kernels/attention_bwd.h"
 
 #include <math.h>
@@ -37,102 +38,12 @@
 #define SAVED_MAGIC 0x3176617364656d68ull /* "hmedsav1" */
 #define HEADER_FLOATS 16
 
-typedef struct mh_dims {
-    bool batched, self_attn, packed, bias_kv;
-    int64_t B, L, S, Sx, R, E, H, d, kdim, vdim;
-} mh_dims;
-
 typedef struct saved_header {
     uint64_t magic;
     int64_t B, L, S, E, H, Sx;
 } saved_header;
 
-/* ---- dimensions and masks (as multihead.c) ---------------------------------- */
-
-static mha_status seq(const mha_tensor *t, const char *name, bool batched, int64_t *B,
-                      int64_t *N, int64_t *width) {
-    char sb[MHA_SHAPE_BUF];
-    MHA_CHECK(t != NULL, MHA_ERR_NULL, "%s: NULL tensor", name);
-    MHA_CHECK(t->ndim == (batched ? 3 : 2), MHA_ERR_SHAPE, "%s: shape %s, want %s", name,
-              mha_shape_str(t, sb, sizeof sb), batched ? "(B,N,width)" : "(N,width)");
-    MHA_TRY(mha_check_tensor(t, name, t->ndim, MHA_F32));
-    int o = batched ? 1 : 0;
-    *B = batched ? t->shape[0] : 1;
-    *N = t->shape[o];
-    *width = t->shape[o + 1];
-    MHA_CHECK(*width <= 1 || t->stride[o + 1] == 1, MHA_ERR_SHAPE,
-              "%s: must be contiguous in its last dimension", name);
-    return MHA_OK;
-}
-
-static void seq_strides(const mha_tensor *t, bool batched, int64_t *ld, int64_t *bs) {
-    *ld = t->stride[batched ? 1 : 0];
-    *bs = batched ? t->stride[0] : 0;
-}
-
-static mha_status get_dims(mh_dims *m, const mha_tensor *query, const mha_tensor *key,
-                           const mha_tensor *value, const mha_multihead_weights *w,
-                           const mha_multihead_options *opt) {
-    MHA_CHECK(w != NULL, MHA_ERR_NULL, "w: NULL weights");
-    MHA_CHECK(opt != NULL, MHA_ERR_NULL, "opt: NULL options");
-    MHA_CHECK(query != NULL, MHA_ERR_NULL, "query: NULL tensor");
-    memset(m, 0, sizeof *m);
-    m->batched = query->ndim == 3;
-    int64_t Bk, Bv, Sv;
-    MHA_TRY(seq(query, "query", m->batched, &m->B, &m->L, &m->E));
-    MHA_TRY(seq(key, "key", m->batched, &Bk, &m->S, &m->kdim));
-    MHA_TRY(seq(value, "value", m->batched, &Bv, &Sv, &m->vdim));
-    MHA_CHECK(Bk == m->B && Bv == m->B && Sv == m->S, MHA_ERR_SHAPE,
-              "key/value: batch or length does not match");
-    m->H = opt->num_heads;
-    MHA_CHECK(m->H > 0 && m->E > 0 && m->E % m->H == 0, MHA_ERR_SHAPE,
-              "num_heads: %lld does not divide embed_dim %lld", (long long)m->H,
-              (long long)m->E);
-    m->d = m->E / m->H;
-    m->self_attn = mha_tensors_same(query, key) && mha_tensors_same(query, value);
-    m->packed = w->in_proj_weight != NULL;
-    m->bias_kv = w->bias_k != NULL;
-    m->Sx = m->S + (m->bias_kv ? 1 : 0) + (opt->add_zero_attn ? 1 : 0);
-    m->R = m->L > m->Sx ? m->L : m->Sx;
-    return MHA_OK;
-}
-
-/* PyTorch-MHA mask as a (B,H,L,S) view (shapes checked by the forward). */
-static mha_status mask_view(const mh_dims *m, const mha_tensor *t, bool is_kpm, mha_tensor *view) {
-    char sb[MHA_SHAPE_BUF];
-    const char *name = is_kpm ? "key_padding_mask" : "attn_mask";
-    MHA_CHECK(t->dtype == MHA_F32 || t->dtype == MHA_BOOL, MHA_ERR_DTYPE,
-              "%s: must be bool (true = masked) or float32 (added)", name);
-    mha_tensor v = *t;
-    v.ndim = 4;
-    if (is_kpm) {
-        int want = m->batched ? 2 : 1;
-        MHA_CHECK(t->ndim == want && t->shape[want - 1] == m->S &&
-                      (!m->batched || t->shape[0] == m->B),
-                  MHA_ERR_SHAPE, "key_padding_mask: shape %s", mha_shape_str(t, sb, sizeof sb));
-        v.shape[0] = m->B, v.shape[1] = 1, v.shape[2] = 1, v.shape[3] = m->S;
-        v.stride[0] = m->batched ? t->stride[0] : 0;
-        v.stride[1] = v.stride[2] = 0;
-        v.stride[3] = t->stride[want - 1];
-    } else if (t->ndim == 2) {
-        MHA_CHECK(t->shape[0] == m->L && t->shape[1] == m->S, MHA_ERR_SHAPE,
-                  "attn_mask: shape %s, want (L,S)", mha_shape_str(t, sb, sizeof sb));
-        v.shape[0] = 1, v.shape[1] = 1, v.shape[2] = m->L, v.shape[3] = m->S;
-        v.stride[0] = v.stride[1] = 0, v.stride[2] = t->stride[0], v.stride[3] = t->stride[1];
-    } else if (t->ndim == 3) {
-        MHA_CHECK(t->shape[0] == m->B * m->H && t->shape[1] == m->L && t->shape[2] == m->S,
-                  MHA_ERR_SHAPE, "attn_mask: shape %s, want (B*H,L,S)",
-                  mha_shape_str(t, sb, sizeof sb));
-        v.shape[0] = m->B, v.shape[1] = m->H, v.shape[2] = m->L, v.shape[3] = m->S;
-        v.stride[0] = m->H * t->stride[0], v.stride[1] = t->stride[0];
-        v.stride[2] = t->stride[1], v.stride[3] = t->stride[2];
-    } else {
-        return mha_error(MHA_ERR_SHAPE, "attn_mask: shape %s, want (L,S) or (B*H,L,S)",
-                         mha_shape_str(t, sb, sizeof sb));
-    }
-    *view = v;
-    return MHA_OK;
-}
+/* ---- the attention problem (dimensions and masks: multihead.h) -------------- */
 
 /* The forward's attention problem over the saved qkv/attn; *padded owns a
  * combined mask when extra key columns meet a mask (free it). */
@@ -143,9 +54,9 @@ static mha_status build_problem(const mh_dims *m, const mha_multihead_options *o
     MHA_TRY(mha_attn_check_common(p, opt->masked_rows, opt->training, opt->dropout_p, opt->seed));
     mha_tensor attn_view = {0}, kpm_view = {0};
     if (opt->attn_mask)
-        MHA_TRY(mask_view(m, opt->attn_mask, false, &attn_view));
+        MHA_TRY(mha_mh_mask_view(m, opt->attn_mask, false, &attn_view));
     if (opt->key_padding_mask)
-        MHA_TRY(mask_view(m, opt->key_padding_mask, true, &kpm_view));
+        MHA_TRY(mha_mh_mask_view(m, opt->key_padding_mask, true, &kpm_view));
     const int64_t E = m->E, E3 = 3 * E;
     int64_t qshape[4] = {m->B, m->H, m->L, m->d}, kshape[4] = {m->B, m->H, m->Sx, m->d};
     int64_t strides[4] = {m->R * E3, m->d, E3, 1};
@@ -165,22 +76,7 @@ static mha_status build_problem(const mh_dims *m, const mha_multihead_options *o
     if (m->Sx != m->S && (opt->attn_mask || opt->key_padding_mask || opt->causal)) {
         const mha_tensor *am = opt->attn_mask ? &attn_view : NULL;
         const mha_tensor *km = opt->key_padding_mask ? &kpm_view : NULL;
-        int64_t shape[4] = {km || (am && am->stride[0]) ? m->B : 1, am && am->stride[1] ? m->H : 1,
-                            m->L, m->Sx};
-        MHA_TRY(mha_tensor_alloc(padded, MHA_F32, 4, shape));
-        float *dst = padded->data;
-        for (int64_t b = 0; b < shape[0]; b++)
-            for (int64_t h = 0; h < shape[1]; h++)
-                for (int64_t i = 0; i < m->L; i++)
-                    for (int64_t j = 0; j < m->S; j++) {
-                        int64_t idx[4] = {b, h, i, j};
-                        float bias = opt->causal && j > i ? -INFINITY : 0.0f;
-                        if (am)
-                            bias += mha_mask_value(am, mha_offset(am, idx), MHA_TRUE_MASKS);
-                        if (km)
-                            bias += mha_mask_value(km, mha_offset(km, idx), MHA_TRUE_MASKS);
-                        dst[((b * shape[1] + h) * m->L + i) * m->Sx + j] = bias;
-                    }
+        MHA_TRY(mha_mh_build_padded_mask(m, am, km, opt->causal, padded));
         p->mask = *padded;
         for (int i = 0; i < 2; i++)
             if (padded->shape[i] == 1)
@@ -249,7 +145,7 @@ mha_status mha_multihead_forward_train(mha_tensor *out, void *saved, size_t save
                                        const mha_tensor *value, const mha_multihead_weights *w,
                                        const mha_multihead_options *opt) {
     mh_dims m;
-    MHA_TRY(get_dims(&m, query, key, value, w, opt));
+    MHA_TRY(mha_mh_check_dims(&m, query, key, value, w, opt));
     MHA_CHECK(saved != NULL, MHA_ERR_NULL, "saved: NULL buffer");
     MHA_CHECK(((uintptr_t)saved % sizeof(float)) == 0, MHA_ERR_VALUE,
               "saved: buffer is not float-aligned");
@@ -305,7 +201,7 @@ mha_status mha_multihead_backward(mha_tensor *dquery, mha_tensor *dkey, mha_tens
                                   const mha_multihead_weights *w, const mha_multihead_options *opt,
                                   void *workspace, size_t workspace_bytes) {
     mh_dims m;
-    MHA_TRY(get_dims(&m, query, key, value, w, opt));
+    MHA_TRY(mha_mh_check_dims(&m, query, key, value, w, opt));
     const int64_t E = m.E, E3 = 3 * E;
     MHA_CHECK(saved != NULL, MHA_ERR_NULL, "saved: NULL buffer");
     size_t need;
@@ -324,7 +220,7 @@ mha_status mha_multihead_backward(mha_tensor *dquery, mha_tensor *dkey, mha_tens
               (long long)hdr.B, (long long)hdr.L, (long long)hdr.S, (long long)hdr.E,
               (long long)hdr.H);
     int64_t ob, ol, oe;
-    MHA_TRY(seq(dout, "dout", m.batched, &ob, &ol, &oe));
+    MHA_TRY(mha_mh_check_sequence(dout, "dout", m.batched, &ob, &ol, &oe));
     MHA_CHECK(ob == m.B && ol == m.L && oe == E, MHA_ERR_SHAPE,
               "dout: shape does not match the output (B,L,E) = (%lld,%lld,%lld)", (long long)m.B,
               (long long)m.L, (long long)E);
@@ -339,17 +235,17 @@ mha_status mha_multihead_backward(mha_tensor *dquery, mha_tensor *dkey, mha_tens
     }
     int64_t b_, n_, w_;
     if (dquery) {
-        MHA_TRY(seq(dquery, "dquery", m.batched, &b_, &n_, &w_));
+        MHA_TRY(mha_mh_check_sequence(dquery, "dquery", m.batched, &b_, &n_, &w_));
         MHA_CHECK(b_ == m.B && n_ == m.L && w_ == E, MHA_ERR_SHAPE, "dquery: shape != query's");
         MHA_TRY(mha_check_writable(dquery, "dquery"));
     }
     if (dkey) {
-        MHA_TRY(seq(dkey, "dkey", m.batched, &b_, &n_, &w_));
+        MHA_TRY(mha_mh_check_sequence(dkey, "dkey", m.batched, &b_, &n_, &w_));
         MHA_CHECK(b_ == m.B && n_ == m.S && w_ == m.kdim, MHA_ERR_SHAPE, "dkey: shape != key's");
         MHA_TRY(mha_check_writable(dkey, "dkey"));
     }
     if (dvalue) {
-        MHA_TRY(seq(dvalue, "dvalue", m.batched, &b_, &n_, &w_));
+        MHA_TRY(mha_mh_check_sequence(dvalue, "dvalue", m.batched, &b_, &n_, &w_));
         MHA_CHECK(b_ == m.B && n_ == m.S && w_ == m.vdim, MHA_ERR_SHAPE,
                   "dvalue: shape != value's");
         MHA_TRY(mha_check_writable(dvalue, "dvalue"));
@@ -414,7 +310,7 @@ mha_status mha_multihead_backward(mha_tensor *dquery, mha_tensor *dkey, mha_tens
 
     float *qkv = (float *)saved + HEADER_FLOATS, *attn = qkv + n_qkv, *lse = attn + n_attn;
     int64_t ldo, bso;
-    seq_strides(dout, m.batched, &ldo, &bso);
+    mha_mh_sequence_strides(dout, m.batched, &ldo, &bso);
     const float *dO = dout->data;
     const float *WO = w->out_proj_weight->data;
     const int64_t ldWO = w->out_proj_weight->stride[0];
@@ -489,7 +385,7 @@ mha_status mha_multihead_backward(mha_tensor *dquery, mha_tensor *dkey, mha_tens
         }
         const float *dpart = dqkv + t * E; /* rows ld 3E, batch stride R*3E */
         int64_t ldx, bsx;
-        seq_strides(x, m.batched, &ldx, &bsx);
+        mha_mh_sequence_strides(x, m.batched, &ldx, &bsx);
         /* dW (E,width) += sum_b dpart_b^T (rows,E) x_b (rows,width) */
         if (dW)
             for (int64_t b = 0; b < m.B; b++)
@@ -500,7 +396,7 @@ mha_status mha_multihead_backward(mha_tensor *dquery, mha_tensor *dkey, mha_tens
         /* dx_b (rows,width) += dpart_b (rows,E) W (E,width) */
         if (dx) {
             int64_t lddx, bsdx;
-            seq_strides(dx, m.batched, &lddx, &bsdx);
+            mha_mh_sequence_strides(dx, m.batched, &lddx, &bsdx);
             for (int64_t b = 0; b < m.B; b++)
                 mha_gemm_f32_ab(0, (float *)dx->data + b * bsdx, lddx, dpart + b * m.R * E3, E3,
                                 W, ldW, rows, width, E);

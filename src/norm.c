@@ -11,20 +11,29 @@
 
 #include <math.h>
 
+/* Statistics of one LayerNorm row xr (E), both f32 paths (forward and
+ * backward): *mean, and the return 1/sqrt(var + eps), var biased; in double,
+ * two passes (the variance of the centred values). */
+static inline double row_mean_rstd(const float *xr, int64_t E, float eps, double *mean_out) {
+    double sum = 0.0;
+    for (int64_t c = 0; c < E; c++)
+        sum += xr[c];
+    const double mean = sum / (double)E;
+    double sq = 0.0;
+    for (int64_t c = 0; c < E; c++)
+        sq += (xr[c] - mean) * (xr[c] - mean);
+    *mean_out = mean;
+    return 1.0 / sqrt(sq / (double)E + (double)eps);
+}
+
 void mha_layernorm_f32(float *y, const float *x, int64_t N, int64_t E, const float *w,
                        const float *b, float eps) {
 #pragma omp parallel for schedule(static) num_threads(mha_threads()) if (N * E > 65536)
     for (int64_t r = 0; r < N; r++) {
         const float *xr = x + r * E;
         float *yr = y + r * E;
-        double sum = 0.0;
-        for (int64_t c = 0; c < E; c++)
-            sum += xr[c];
-        const double mean = sum / (double)E;
-        double sq = 0.0;
-        for (int64_t c = 0; c < E; c++)
-            sq += (xr[c] - mean) * (xr[c] - mean);
-        const double rstd = 1.0 / sqrt(sq / (double)E + (double)eps);
+        double mean;
+        const double rstd = row_mean_rstd(xr, E, eps, &mean);
         for (int64_t c = 0; c < E; c++) {
             /* centred in double: a float mean loses digits when |mean| >> std */
             float v = (float)((xr[c] - mean) * rstd);
@@ -125,14 +134,8 @@ void mha_layernorm_backward_f32(float *dx, float *dw, float *db, const float *do
                                 const float *x, const float *w, int64_t N, int64_t E, float eps) {
     for (int64_t r = 0; r < N; r++) {
         const float *xr = x + r * E, *dr = dout + r * E;
-        double sum = 0.0;
-        for (int64_t c = 0; c < E; c++)
-            sum += xr[c];
-        const double mean = sum / (double)E;
-        double sq = 0.0;
-        for (int64_t c = 0; c < E; c++)
-            sq += (xr[c] - mean) * (xr[c] - mean);
-        const double rstd = 1.0 / sqrt(sq / (double)E + (double)eps);
+        double mean;
+        const double rstd = row_mean_rstd(xr, E, eps, &mean);
         double gmean = 0.0, gxmean = 0.0;
         for (int64_t c = 0; c < E; c++) {
             double xh = (xr[c] - mean) * rstd, g = w ? (double)dr[c] * w[c] : dr[c];

@@ -85,11 +85,18 @@ static void pv_scalar(float *o, int64_t ldo, const float *p, int64_t ldp, const 
     }
 }
 
-static float row_scores_scalar(float *s, int64_t n, int64_t lim, float scale, const float *bias) {
+/* Score epilogue of one row: s[j] = softcap(s[j]*scale) + bias[j] for j <
+ * lim (bias -inf stays -inf; cap <= 0: no softcap), -inf up to n; returns
+ * the row max, NaN if any score is NaN.  Shared by row_scores_scalar (cap 0,
+ * folded away) and row_scores_any's softcap path. */
+static inline float row_scores_loop(float *s, int64_t n, int64_t lim, float scale, float cap,
+                                    const float *bias) {
     float mx = -INFINITY;
     bool nan = false;
     for (int64_t j = 0; j < lim; j++) {
         float x = s[j] * scale;
+        if (cap > 0.0f)
+            x = mha_attn_softcap(x, cap);
         if (bias)
             x = bias[j] == -INFINITY ? -INFINITY : x + bias[j];
         s[j] = x;
@@ -101,6 +108,10 @@ static float row_scores_scalar(float *s, int64_t n, int64_t lim, float scale, co
     for (int64_t j = lim; j < n; j++)
         s[j] = -INFINITY;
     return nan ? NAN : mx;
+}
+
+static float row_scores_scalar(float *s, int64_t n, int64_t lim, float scale, const float *bias) {
+    return row_scores_loop(s, n, lim, scale, 0.0f, bias);
 }
 
 static float row_exp_scalar(float *s, int64_t n, float m) {
@@ -264,21 +275,7 @@ static float row_scores_any(const flash_plan *pl, float *s, int64_t n, int64_t l
     const float cap = pl->p->softcap;
     if (!(cap > 0.0f))
         return pl->isa->row_scores(s, n, lim, pl->scale, bias);
-    float mx = -INFINITY;
-    bool nan = false;
-    for (int64_t j = 0; j < lim; j++) {
-        float x = mha_attn_softcap(s[j] * pl->scale, cap);
-        if (bias)
-            x = bias[j] == -INFINITY ? -INFINITY : x + bias[j];
-        s[j] = x;
-        if (isnan(x))
-            nan = true;
-        else if (x > mx)
-            mx = x;
-    }
-    for (int64_t j = lim; j < n; j++)
-        s[j] = -INFINITY;
-    return nan ? NAN : mx;
+    return row_scores_loop(s, n, lim, pl->scale, cap, bias);
 }
 
 /* S block for rows 0..rows of the tile: fills s, applies the epilogue per

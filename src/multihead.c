@@ -277,6 +277,27 @@ static void project_qkv(const mh_dims *m, float *qkv, const mha_tensor *query,
     }
 }
 
+/* Step 3: p's dimensions, scale and head views q, k, v (B,H,L|S',d) of
+ * qkv (B,R,3E) and o (B,H,L,d) of attn (B,L,E), heads split by strides. */
+void mha_mh_head_views(const mh_dims *m, float *qkv, float *attn, mha_attn_problem *p) {
+    const int64_t E = m->E, E3 = 3 * E;
+    int64_t qshape[4] = {m->B, m->H, m->L, m->d}, kshape[4] = {m->B, m->H, m->Sx, m->d};
+    int64_t qkv_strides[4] = {m->R * E3, m->d, E3, 1};
+    p->B = m->B, p->Hq = m->H, p->Hkv = m->H, p->L = m->L, p->S = m->Sx, p->d = m->d;
+    p->dv = m->d;
+    p->scale = (float)(1.0 / sqrt((double)m->d));
+    mha_tensor *views[] = {&p->q, &p->k, &p->v, &p->o};
+    float *bases[] = {qkv, qkv + E, qkv + 2 * E, attn};
+    for (int t = 0; t < 4; t++) {
+        views[t]->data = bases[t];
+        views[t]->dtype = MHA_F32;
+        views[t]->ndim = 4;
+        memcpy(views[t]->shape, t == 0 || t == 3 ? qshape : kshape, sizeof qshape);
+        memcpy(views[t]->stride, qkv_strides, sizeof qkv_strides);
+    }
+    p->o.stride[0] = m->L * E, p->o.stride[2] = E;
+}
+
 /* Mean over heads: avg (B,L,S') = sum_h per_head (B,H,L,S') / H. */
 static void average_heads(const mh_dims *m, const float *per_head, mha_tensor *avg) {
     float *dst = avg->data;
@@ -401,20 +422,7 @@ mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
     project_qkv(&m, qkv, query, key, value, w, opt->add_zero_attn);
 
     /* step 3: head views of qkv and attn */
-    int64_t qshape[4] = {m.B, m.H, m.L, m.d}, kshape[4] = {m.B, m.H, m.Sx, m.d};
-    int64_t qkv_strides[4] = {m.R * E3, m.d, E3, 1};
-    p.B = m.B, p.Hq = m.H, p.Hkv = m.H, p.L = m.L, p.S = m.Sx, p.d = m.d, p.dv = m.d;
-    p.scale = (float)(1.0 / sqrt((double)m.d));
-    mha_tensor *views[] = {&p.q, &p.k, &p.v, &p.o};
-    float *bases[] = {qkv, qkv + E, qkv + 2 * E, attn};
-    for (int t = 0; t < 4; t++) {
-        views[t]->data = bases[t];
-        views[t]->dtype = MHA_F32;
-        views[t]->ndim = 4;
-        memcpy(views[t]->shape, t == 0 || t == 3 ? qshape : kshape, sizeof qshape);
-        memcpy(views[t]->stride, qkv_strides, sizeof qkv_strides);
-    }
-    p.o.stride[0] = m.L * E, p.o.stride[2] = E;
+    mha_mh_head_views(&m, qkv, attn, &p);
 
     /* masks */
     if (m.Sx != m.S && (opt->attn_mask || opt->key_padding_mask || opt->causal)) {

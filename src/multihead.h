@@ -35,5 +35,8 @@ mha_status mha_mh_mask_view(const mh_dims *m, const mha_tensor *t, bool is_kpm,
  * (attn, kpm: views from mha_mh_mask_view, or NULL); the caller frees it. */
 mha_status mha_mh_build_padded_mask(const mh_dims *m, const mha_tensor *attn,
                                     const mha_tensor *kpm, int causal, mha_tensor *out);
+/* p's B,Hq,Hkv,L,S,d,dv,scale and its head views: q, k, v (B,H,L|S',d) of
+ * qkv (B,R,3E) at columns 0, E, 2E, o (B,H,L,d) of attn (B,L,E). */
+void mha_mh_head_views(const mh_dims *m, float *qkv, float *attn, mha_attn_problem *p);
 
 #endif

@@ -57,22 +57,7 @@ static mha_status build_problem(const mh_dims *m, const mha_multihead_options *o
         MHA_TRY(mha_mh_mask_view(m, opt->attn_mask, false, &attn_view));
     if (opt->key_padding_mask)
         MHA_TRY(mha_mh_mask_view(m, opt->key_padding_mask, true, &kpm_view));
-    const int64_t E = m->E, E3 = 3 * E;
-    int64_t qshape[4] = {m->B, m->H, m->L, m->d}, kshape[4] = {m->B, m->H, m->Sx, m->d};
-    int64_t strides[4] = {m->R * E3, m->d, E3, 1};
-    p->B = m->B, p->Hq = m->H, p->Hkv = m->H, p->L = m->L, p->S = m->Sx, p->d = m->d;
-    p->dv = m->d;
-    p->scale = (float)(1.0 / sqrt((double)m->d));
-    mha_tensor *views[] = {&p->q, &p->k, &p->v, &p->o};
-    float *bases[] = {qkv, qkv + E, qkv + 2 * E, attn};
-    for (int t = 0; t < 4; t++) {
-        views[t]->data = bases[t];
-        views[t]->dtype = MHA_F32;
-        views[t]->ndim = 4;
-        memcpy(views[t]->shape, t == 0 || t == 3 ? qshape : kshape, sizeof qshape);
-        memcpy(views[t]->stride, strides, sizeof strides);
-    }
-    p->o.stride[0] = m->L * E, p->o.stride[2] = E;
+    mha_mh_head_views(m, qkv, attn, p);
     if (m->Sx != m->S && (opt->attn_mask || opt->key_padding_mask || opt->causal)) {
         const mha_tensor *am = opt->attn_mask ? &attn_view : NULL;
         const mha_tensor *km = opt->key_padding_mask ? &kpm_view : NULL;

@@ -156,6 +156,43 @@ TEST(oom_sdpa_every_kernel) {
     }
 }
 
+/* ---- scaled dot-product attention, backward ------------------------------------ */
+
+typedef struct sdpa_bwd_ctx {
+    sdpa_ctx f;
+    mha_tensor dq, dk, dv, dout;
+    float *buf[4];
+} sdpa_bwd_ctx;
+
+static mha_status call_sdpa_backward(void *ctx) {
+    sdpa_bwd_ctx *c = ctx;
+    /* out and lse NULL: the backward recomputes them (its largest scratch) */
+    return mha_sdpa_backward(&c->dq, &c->dk, &c->dv, &c->dout, NULL, NULL, &c->f.q, &c->f.k,
+                             &c->f.v, &c->f.opt);
+}
+
+TEST(oom_sdpa_backward_every_kernel) {
+    for (size_t i = 0; i < sizeof all_kernels / sizeof *all_kernels; i++) {
+        if (!kernel_available(all_kernels[i]))
+            continue;
+        for (int masks = 0; masks <= 1; masks++) {
+            sdpa_bwd_ctx c;
+            sdpa_setup(&c.f, all_kernels[i], masks, false);
+            c.buf[0] = test_tensor(&c.dq, 4, (int64_t[]){2, 4, 5, 3}, 11);
+            c.buf[1] = test_tensor(&c.dk, 4, (int64_t[]){2, 2, 7, 3}, 12);
+            c.buf[2] = test_tensor(&c.dv, 4, (int64_t[]){2, 2, 7, 6}, 13);
+            c.buf[3] = test_tensor(&c.dout, 4, (int64_t[]){2, 4, 5, 6}, 14);
+            char name[96];
+            snprintf(name, sizeof name, "mha_sdpa_backward kernel=%s masks=%d",
+                     mha_kernel_name(all_kernels[i]), masks);
+            CHECK(oom_loop(name, call_sdpa_backward, &c) >= 1);
+            for (int b = 0; b < 4; b++)
+                free(c.buf[b]);
+            sdpa_teardown(&c.f);
+        }
+    }
+}
+
 /* ---- multi-head attention --------------------------------------------------- */
 
 typedef struct mh_ctx {

@@ -17,7 +17,7 @@ int fixture_list(const char *set, char names[][128], int max) {
     while ((e = readdir(d)) && n < max) {
         if (e->d_name[0] == '.' || strlen(e->d_name) >= 128)
             continue;
-        snprintf(names[n++], 128, "%s", e->d_name);
+        snprintf(names[n++], 128, "%.127s", e->d_name);
     }
     closedir(d);
     qsort(names, (size_t)n, 128, cmp_names);

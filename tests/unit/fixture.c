@@ -71,3 +71,40 @@ mha_status fixture_load(const fixture *f, const char *file, int want, mha_tensor
     mha_dtype file_dtype;
     return mha_npy_load_any(path, 1, t, &file_dtype);
 }
+
+size_t fixture_numel(const mha_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++)
+        n *= t->shape[i];
+    return (size_t)n;
+}
+
+void fixture_compare(const char *case_name, const char *what, const float *y,
+                     const mha_tensor *ref, double tol, double *worst) {
+    double err = test_rel_err(y, ref->data, fixture_numel(ref));
+    if (err > *worst)
+        *worst = err;
+    if (!(err <= tol))
+        test_fail(__FILE__, __LINE__, "%s: %s error %.3g > %.0e", case_name, what, err, tol);
+}
+
+const mha_tensor *fixture_optional(const fixture *f, const char *file, int want, mha_tensor *t) {
+    if (!fixture_has(f, file))
+        return NULL;
+    if (fixture_load(f, file, want, t) != MHA_OK) {
+        test_fail(__FILE__, __LINE__, "%s/%s: %s", f->dir, file, mha_last_error());
+        return NULL;
+    }
+    return t;
+}
+
+mha_causal fixture_causal(const fixture *f, const char *key) {
+    const char *s = fixture_str(f, key);
+    if (!strcmp(s, "top_left"))
+        return MHA_CAUSAL_TOP_LEFT;
+    if (!strcmp(s, "bottom_right"))
+        return MHA_CAUSAL_BOTTOM_RIGHT;
+    if (!strcmp(s, "offset"))
+        return MHA_CAUSAL_OFFSET;
+    return MHA_CAUSAL_NONE;
+}

@@ -31,4 +31,20 @@ bool fixture_has(const fixture *f, const char *file);
  * (want < 0: bool files -> MHA_BOOL, floats -> MHA_F32). */
 mha_status fixture_load(const fixture *f, const char *file, int want, mha_tensor *t);
 
+/* Elements of t (its shape's product). */
+size_t fixture_numel(const mha_tensor *t);
+
+/* Checks y (as many floats as ref) against ref by the rule
+ * max|y - ref| <= tol * max(1, max|ref|), NaN only where ref has NaN;
+ * fails the test naming the case and tensor; raises *worst. */
+void fixture_compare(const char *case_name, const char *what, const float *y,
+                     const mha_tensor *ref, double tol, double *worst);
+
+/* Loads DIR/file when the case has it; NULL when it does not (or when the
+ * load fails, which fails the test). */
+const mha_tensor *fixture_optional(const fixture *f, const char *file, int want, mha_tensor *t);
+
+/* The causal mode a config names: none | top_left | bottom_right | offset. */
+mha_causal fixture_causal(const fixture *f, const char *key);
+
 #endif

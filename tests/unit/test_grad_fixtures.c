@@ -15,42 +15,6 @@
 
 static double worst_sdpa, worst_mha;
 
-static size_t count(const mha_tensor *t) {
-    int64_t n = 1;
-    for (int i = 0; i < t->ndim; i++)
-        n *= t->shape[i];
-    return (size_t)n;
-}
-
-static void compare(const char *case_name, const char *what, const mha_tensor *y,
-                    const mha_tensor *ref, double *worst) {
-    double err = test_rel_err(y->data, ref->data, count(ref));
-    if (err > *worst)
-        *worst = err;
-    if (!(err <= GRAD_TOL))
-        test_fail(__FILE__, __LINE__, "%s: %s error %.3g > %.0e", case_name, what, err, GRAD_TOL);
-}
-
-static const mha_tensor *optional(const fixture *f, const char *file, int want, mha_tensor *t) {
-    if (!fixture_has(f, file))
-        return NULL;
-    if (fixture_load(f, file, want, t) != MHA_OK) {
-        test_fail(__FILE__, __LINE__, "%s/%s: %s", f->dir, file, mha_last_error());
-        return NULL;
-    }
-    return t;
-}
-
-static mha_causal parse_causal(const char *s) {
-    if (!strcmp(s, "top_left"))
-        return MHA_CAUSAL_TOP_LEFT;
-    if (!strcmp(s, "bottom_right"))
-        return MHA_CAUSAL_BOTTOM_RIGHT;
-    if (!strcmp(s, "offset"))
-        return MHA_CAUSAL_OFFSET;
-    return MHA_CAUSAL_NONE;
-}
-
 static void run_sdpa_case(const char *name) {
     fixture f;
     if (!fixture_open(&f, "grad_sdpa", name)) {
@@ -64,10 +28,10 @@ static void run_sdpa_case(const char *name) {
     memset(t, 0, sizeof t);
     const mha_tensor *p[N_T];
     for (int i = 0; i < N_T; i++)
-        p[i] = optional(&f, files[i], (i == MASK || i == KPM) ? -1 : MHA_F32, &t[i]);
+        p[i] = fixture_optional(&f, files[i], (i == MASK || i == KPM) ? -1 : MHA_F32, &t[i]);
     mha_sdpa_options opt;
     mha_sdpa_options_init(&opt);
-    opt.causal = parse_causal(fixture_str(&f, "causal"));
+    opt.causal = fixture_causal(&f, "causal");
     opt.causal_offset = fixture_int(&f, "offset");
     opt.mask = p[MASK];
     opt.mask_polarity = MHA_TRUE_KEEPS;
@@ -105,9 +69,9 @@ static void run_sdpa_case(const char *name) {
             test_fail(__FILE__, __LINE__, "%s: %s (%s)", name, mha_status_string(st),
                       mha_last_error());
         } else {
-            compare(name, "dq", &g[0], p[DQ], &worst_sdpa);
-            compare(name, "dk", &g[1], p[DK], &worst_sdpa);
-            compare(name, "dv", &g[2], p[DV], &worst_sdpa);
+            fixture_compare(name, "dq", (&g[0])->data, p[DQ], GRAD_TOL, &worst_sdpa);
+            fixture_compare(name, "dk", (&g[1])->data, p[DK], GRAD_TOL, &worst_sdpa);
+            fixture_compare(name, "dv", (&g[2])->data, p[DV], GRAD_TOL, &worst_sdpa);
         }
         for (int x = 0; x < 3; x++)
             mha_tensor_free(&g[x]);
@@ -149,10 +113,10 @@ static void run_mha_case(const char *name) {
     char file[96];
     for (int i = 0; i < 9; i++) {
         snprintf(file, sizeof file, "%s.npy", PARAMS[i]);
-        wp[i] = optional(&f, file, MHA_F32, &wt[i]);
+        wp[i] = fixture_optional(&f, file, MHA_F32, &wt[i]);
         snprintf(file, sizeof file, "grad_%s.npy", PARAMS[i]);
         gp[i] = NULL;
-        if (wp[i] && optional(&f, file, MHA_F32, &gref[i]) &&
+        if (wp[i] && fixture_optional(&f, file, MHA_F32, &gref[i]) &&
             mha_tensor_alloc(&gout[i], MHA_F32, wt[i].ndim, wt[i].shape) == MHA_OK)
             gp[i] = &gout[i];
     }
@@ -160,11 +124,11 @@ static void run_mha_case(const char *name) {
                           "attn_mask.npy"};
     const mha_tensor *ip[5];
     for (int i = 0; i < 5; i++)
-        ip[i] = optional(&f, ins[i], i >= 3 ? -1 : MHA_F32, &io[i]);
+        ip[i] = fixture_optional(&f, ins[i], i >= 3 ? -1 : MHA_F32, &io[i]);
     const char *grefs[3] = {"grad_query.npy", "grad_key.npy", "grad_value.npy"};
     const mha_tensor *rp[3];
     for (int i = 0; i < 3; i++)
-        rp[i] = optional(&f, grefs[i], MHA_F32, &iref[i]);
+        rp[i] = fixture_optional(&f, grefs[i], MHA_F32, &iref[i]);
     mha_tensor dout;
     memset(&dout, 0, sizeof dout);
     bool self = fixture_int(&f, "self_attn") != 0;
@@ -206,10 +170,10 @@ static void run_mha_case(const char *name) {
     }
     for (int i = 0; i < 3; i++)
         if (rp[i])
-            compare(name, grefs[i], &din[i], rp[i], &worst_mha);
+            fixture_compare(name, grefs[i], (&din[i])->data, rp[i], GRAD_TOL, &worst_mha);
     for (int i = 0; i < 9; i++)
         if (gp[i])
-            compare(name, PARAMS[i], gp[i], &gref[i], &worst_mha);
+            fixture_compare(name, PARAMS[i], (gp[i])->data, &gref[i], GRAD_TOL, &worst_mha);
 done:
     free(saved);
     mha_tensor_free(&dout);

@@ -12,34 +12,6 @@
 
 static double worst_mha, worst_sdpa;
 
-static size_t numel(const mha_tensor *t) {
-    int64_t n = 1;
-    for (int i = 0; i < t->ndim; i++)
-        n *= t->shape[i];
-    return (size_t)n;
-}
-
-/* Compares a computed tensor with a fixture array; records the error. */
-static void compare(const char *case_name, const char *what, const float *y, const mha_tensor *ref,
-                    double *worst) {
-    double err = test_rel_err(y, ref->data, numel(ref));
-    if (err > *worst)
-        *worst = err;
-    if (!(err <= PARITY_TOL))
-        test_fail(__FILE__, __LINE__, "%s: %s error %.3g > %.0e", case_name, what, err, PARITY_TOL);
-}
-
-/* Loads the named weight/mask if the fixture has it; NULL otherwise. */
-static const mha_tensor *optional(const fixture *f, const char *file, int want, mha_tensor *t) {
-    if (!fixture_has(f, file))
-        return NULL;
-    if (fixture_load(f, file, want, t) != MHA_OK) {
-        test_fail(__FILE__, __LINE__, "%s/%s: %s", f->dir, file, mha_last_error());
-        return NULL;
-    }
-    return t;
-}
-
 static void run_mha_case(const char *name) {
     fixture f;
     if (!fixture_open(&f, "mha", name)) {
@@ -57,7 +29,7 @@ static void run_mha_case(const char *name) {
                               "attn_weights.npy"};
     const mha_tensor *p[N_T];
     for (int i = 0; i < N_T; i++)
-        p[i] = optional(&f, files[i], (i == KPM || i == AM) ? -1 : MHA_F32, &t[i]);
+        p[i] = fixture_optional(&f, files[i], (i == KPM || i == AM) ? -1 : MHA_F32, &t[i]);
     if (!p[Q] || !p[OUT] || !p[OUTW]) {
         test_fail(__FILE__, __LINE__, "%s: missing query/out/out_proj_weight", name);
         goto done;
@@ -88,9 +60,9 @@ static void run_mha_case(const char *name) {
     if (st != MHA_OK) {
         test_fail(__FILE__, __LINE__, "%s: %s (%s)", name, mha_status_string(st), mha_last_error());
     } else {
-        compare(name, "out", out.data, &t[OUT], &worst_mha);
+        fixture_compare(name, "out", out.data, &t[OUT], PARITY_TOL, &worst_mha);
         if (need_weights)
-            compare(name, "weights", weights.data, &t[WREF], &worst_mha);
+            fixture_compare(name, "weights", weights.data, &t[WREF], PARITY_TOL, &worst_mha);
     }
     mha_tensor_free(&out);
     if (need_weights)
@@ -111,14 +83,6 @@ TEST(parity_multihead_pytorch) {
            mha_kernel_name(mha_kernel_resolve(MHA_KERNEL_AUTO)), worst_mha);
 }
 
-static mha_causal parse_causal(const char *s) {
-    if (!strcmp(s, "top_left"))
-        return MHA_CAUSAL_TOP_LEFT;
-    if (!strcmp(s, "bottom_right"))
-        return MHA_CAUSAL_BOTTOM_RIGHT;
-    return MHA_CAUSAL_NONE;
-}
-
 static void run_sdpa_case(const char *name) {
     fixture f;
     if (!fixture_open(&f, "sdpa", name)) {
@@ -137,20 +101,20 @@ static void run_sdpa_case(const char *name) {
     mha_sdpa_options_init(&opt);
     opt.scale_set = (int)fixture_int(&f, "scale_set");
     opt.scale = (float)atof(fixture_str(&f, "scale"));
-    opt.causal = parse_causal(fixture_str(&f, "causal"));
-    opt.mask = optional(&f, "mask.npy", -1, &mask);
-    opt.key_padding_mask = optional(&f, "key_padding_mask.npy", MHA_BOOL, &kpm);
+    opt.causal = fixture_causal(&f, "causal");
+    opt.mask = fixture_optional(&f, "mask.npy", -1, &mask);
+    opt.key_padding_mask = fixture_optional(&f, "key_padding_mask.npy", MHA_BOOL, &kpm);
     opt.mask_polarity = MHA_TRUE_KEEPS;
     opt.key_padding_polarity = MHA_TRUE_MASKS;
     if (mha_tensor_alloc(&out, MHA_F32, 4, ref.shape) || mha_tensor_alloc(&weights, MHA_F32, 4, wref.shape))
         goto done;
     /* once without weights (the fused path), once with */
     CHECK_STATUS(mha_sdpa_forward(&out, &q, &k, &v, &opt), MHA_OK);
-    compare(name, "out", out.data, &ref, &worst_sdpa);
+    fixture_compare(name, "out", out.data, &ref, PARITY_TOL, &worst_sdpa);
     opt.weights = &weights;
     CHECK_STATUS(mha_sdpa_forward(&out, &q, &k, &v, &opt), MHA_OK);
-    compare(name, "out (with weights)", out.data, &ref, &worst_sdpa);
-    compare(name, "weights", weights.data, &wref, &worst_sdpa);
+    fixture_compare(name, "out (with weights)", out.data, &ref, PARITY_TOL, &worst_sdpa);
+    fixture_compare(name, "weights", weights.data, &wref, PARITY_TOL, &worst_sdpa);
 done:;
     mha_tensor *all[] = {&q, &k, &v, &mask, &kpm, &ref, &wref, &out, &weights};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)

@@ -730,7 +730,7 @@ TEST(regression_safetensors_many_metadata_pairs) {
     mha_tensor_init(&t, MHA_F32, x, 1, (int64_t[]){3});
     const char *names[] = {"x"};
     const mha_tensor *ts[] = {&t};
-    char kb[40][8], vb[40][8];
+    char kb[40][16], vb[40][16];
     const char *keys[40], *values[40];
     for (int i = 0; i < 40; i++) {
         snprintf(kb[i], sizeof kb[i], "k%d", i), snprintf(vb[i], sizeof vb[i], "v%d", i);

@@ -42,6 +42,26 @@ typedef struct bench_cfg {
     int kernel; /* -1 all, 0 auto, else mha_kernel */
 } bench_cfg;
 
+/* Whether to time kernel k for this case: the one --kernel names (AUTO:
+ * the one AUTO resolves to; all: every kernel this CPU runs), and not the
+ * slow ones past their size limits (work in FLOPs; they print why). */
+static bool kernel_selected(const bench_cfg *cfg, mha_kernel k, double work, int64_t L) {
+    if (cfg->kernel == 0 && k != mha_kernel_resolve(MHA_KERNEL_AUTO))
+        return false;
+    if (cfg->kernel > 0 && (int)k != cfg->kernel)
+        return false;
+    if (cfg->kernel == -1 && k == MHA_KERNEL_AVX2 &&
+        mha_kernel_resolve(MHA_KERNEL_AUTO) != MHA_KERNEL_AVX2)
+        return false;
+    if ((k == MHA_KERNEL_REF && work > REF_TIME_MAX) ||
+        (k == MHA_KERNEL_SCALAR && work > SCALAR_TIME_MAX)) {
+        fprintf(stderr, "mha bench: %s skipped at L=%lld (too slow to time)\n",
+                mha_kernel_name(k), (long long)L);
+        return false;
+    }
+    return true;
+}
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: mha bench [--batch B --heads H [--kv-heads Hkv] --seq L [--kv-seq S]\n"
@@ -225,19 +245,8 @@ static int bench_attention(const bench_cfg *cfg, const bench_case *c) {
     mha_kernel all[3] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
     for (int kk = 0; kk < 3; kk++) {
         mha_kernel k = all[kk];
-        if (cfg->kernel == 0 && k != mha_kernel_resolve(MHA_KERNEL_AUTO))
+        if (!kernel_selected(cfg, k, flops, c->L))
             continue;
-        if (cfg->kernel > 0 && (int)k != cfg->kernel)
-            continue;
-        if (cfg->kernel == -1 && k == MHA_KERNEL_AVX2 &&
-            mha_kernel_resolve(MHA_KERNEL_AUTO) != MHA_KERNEL_AVX2)
-            continue;
-        if ((k == MHA_KERNEL_REF && flops > REF_TIME_MAX) ||
-            (k == MHA_KERNEL_SCALAR && flops > SCALAR_TIME_MAX)) {
-            fprintf(stderr, "mha bench: %s skipped at L=%lld (too slow to time)\n",
-                    mha_kernel_name(k), (long long)c->L);
-            continue;
-        }
         a.opt.kernel = k;
         double t0 = now_ms();
         if ((st = run_attn(&a)) != MHA_OK) {
@@ -394,19 +403,8 @@ static int bench_attention_bwd(const bench_cfg *cfg, const bench_case *c) {
     mha_kernel kinds[3] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
     for (int kk = 0; kk < 3; kk++) {
         mha_kernel k = kinds[kk];
-        if (cfg->kernel == 0 && k != mha_kernel_resolve(MHA_KERNEL_AUTO))
+        if (!kernel_selected(cfg, k, 2.5 * flops, c->L))
             continue;
-        if (cfg->kernel > 0 && (int)k != cfg->kernel)
-            continue;
-        if (cfg->kernel == -1 && k == MHA_KERNEL_AVX2 &&
-            mha_kernel_resolve(MHA_KERNEL_AUTO) != MHA_KERNEL_AVX2)
-            continue;
-        if ((k == MHA_KERNEL_REF && 2.5 * flops > REF_TIME_MAX) ||
-            (k == MHA_KERNEL_SCALAR && 2.5 * flops > SCALAR_TIME_MAX)) {
-            fprintf(stderr, "mha bench: %s skipped at L=%lld (too slow to time)\n",
-                    mha_kernel_name(k), (long long)c->L);
-            continue;
-        }
         a.opt.kernel = k;
         zero_grads(&a, c);
         double t0 = now_ms();
@@ -530,19 +528,8 @@ static int bench_mha(const bench_cfg *cfg, const bench_case *c) {
     mha_kernel all[3] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
     for (int kk = 0; kk < 3; kk++) {
         mha_kernel k = all[kk];
-        if (cfg->kernel == 0 && k != mha_kernel_resolve(MHA_KERNEL_AUTO))
+        if (!kernel_selected(cfg, k, attn, L))
             continue;
-        if (cfg->kernel > 0 && (int)k != cfg->kernel)
-            continue;
-        if (cfg->kernel == -1 && k == MHA_KERNEL_AVX2 &&
-            mha_kernel_resolve(MHA_KERNEL_AUTO) != MHA_KERNEL_AVX2)
-            continue;
-        if ((k == MHA_KERNEL_REF && attn > REF_TIME_MAX) ||
-            (k == MHA_KERNEL_SCALAR && attn > SCALAR_TIME_MAX)) {
-            fprintf(stderr, "mha bench: %s skipped at L=%lld (too slow to time)\n",
-                    mha_kernel_name(k), (long long)L);
-            continue;
-        }
         m.opt.kernel = k;
         double t0 = now_ms();
         if ((st = run_mha(&m)) != MHA_OK) {
@@ -688,19 +675,8 @@ static int bench_mha_bwd(const bench_cfg *cfg, const bench_case *c) {
     mha_kernel kinds[3] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
     for (int kk = 0; kk < 3; kk++) {
         mha_kernel k = kinds[kk];
-        if (cfg->kernel == 0 && k != mha_kernel_resolve(MHA_KERNEL_AUTO))
+        if (!kernel_selected(cfg, k, 2.5 * attn, L))
             continue;
-        if (cfg->kernel > 0 && (int)k != cfg->kernel)
-            continue;
-        if (cfg->kernel == -1 && k == MHA_KERNEL_AVX2 &&
-            mha_kernel_resolve(MHA_KERNEL_AUTO) != MHA_KERNEL_AVX2)
-            continue;
-        if ((k == MHA_KERNEL_REF && 2.5 * attn > REF_TIME_MAX) ||
-            (k == MHA_KERNEL_SCALAR && 2.5 * attn > SCALAR_TIME_MAX)) {
-            fprintf(stderr, "mha bench: %s skipped at L=%lld (too slow to time)\n",
-                    mha_kernel_name(k), (long long)L);
-            continue;
-        }
         m->opt.kernel = k;
         mha_zero_grads(&t[0]);
         double t0 = now_ms();

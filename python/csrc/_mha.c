@@ -43,6 +43,10 @@ static PyObject *raise_status(mha_status s) {
 
 /* ---- buffers -> tensor views ---------------------------------------------- */
 
+/* Raised for a negative stride, which mha's views cannot express: the Python
+ * layer then copies that input (counted by mha.copies()) and calls again. */
+static PyObject *LayoutError;
+
 #define MAX_HELD 48
 
 /* The buffers of one call: acquired by view(), released by release(). */
@@ -95,8 +99,10 @@ static mha_tensor *view(held *h, PyObject *obj, const char *name, int writable, 
     mha_tensor *t = &h->t[h->n - 1];
     memset(t, 0, sizeof *t);
     if (!dtype_of(b, &t->dtype)) {
-        PyErr_Format(PyExc_ValueError, "%s: element format '%s' is not float32, bool or int64",
-                     name, b->format ? b->format : "B");
+        PyErr_Format(PyExc_ValueError,
+                     "%s: dtype with element format '%s' is not supported: mha computes in "
+                     "float32 (convert with .astype(np.float32) or .float()); masks bool or "
+                     "float32", name, b->format ? b->format : "B");
         *ok = 0;
         return NULL;
     }
@@ -112,6 +118,12 @@ static mha_tensor *view(held *h, PyObject *obj, const char *name, int writable, 
     for (int i = b->ndim - 1; i >= 0; i--) {
         t->shape[i] = b->shape[i];
         Py_ssize_t s = b->strides ? b->strides[i] : (Py_ssize_t)(contiguous * b->itemsize);
+        if (s < 0) { /* an output cannot be copied behind the caller's back */
+            PyErr_Format(writable ? PyExc_ValueError : LayoutError,
+                         "%s: negative stride in dim %d", name, i);
+            *ok = 0;
+            return NULL;
+        }
         if (s % b->itemsize != 0) {
             PyErr_Format(PyExc_ValueError, "%s: stride %zd bytes is not a multiple of %zd", name,
                          s, b->itemsize);
@@ -672,7 +684,12 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_mha",
 
 PyMODINIT_FUNC PyInit__mha(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddStringConstant(m, "version", mha_version()) != 0)
+    if (!m)
+        return NULL;
+    LayoutError = PyErr_NewException("mha._mha.LayoutError", PyExc_ValueError, NULL);
+    Py_XINCREF(LayoutError); /* one reference for the module, one for this file */
+    if (!LayoutError || PyModule_AddObject(m, "LayoutError", LayoutError) != 0 ||
+        PyModule_AddStringConstant(m, "version", mha_version()) != 0)
         Py_CLEAR(m);
     return m;
 }

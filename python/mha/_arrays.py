@@ -4,8 +4,8 @@ counter of the copies this package makes (``mha.copies()``).
 
 mha computes in float32 and reads any non-negative strides, so a float32
 array of any layout NumPy or torch produces is passed without a copy.  The
-only copies: an array with a negative stride (NumPy's ``a[::-1]``), which
-mha's views cannot express, and the layers' inputs when they are not
+only copies: an input with a negative stride (NumPy's ``a[::-1]``), which
+mha's views cannot express (mha refuses it, call() copies and retries), and the layers' inputs when they are not
 row-major (mha's Transformer layers read contiguous rows).  Each one adds
 1 to ``copies()``.  Other dtypes (float64, float16, bfloat16, ints where a
 float is wanted) are refused with ValueError: convert them yourself, e.g.
@@ -15,6 +15,8 @@ import random
 import sys
 
 import numpy as np
+
+from . import _mha
 
 _copies = [0]
 
@@ -43,15 +45,38 @@ def is_torch(x):
     return t is not None and isinstance(x, t.Tensor)
 
 
+_torch_dtypes = {}
+
+
 def _from_torch(x, name, allowed):
-    if x.device.type != "cpu":
+    if not x.is_cpu:
         raise ValueError("%s: a %s tensor; mha runs on the CPU (use .cpu())" % (name, x.device))
-    t = _torch()
-    names = {t.float32: np.float32, t.bool: np.bool_, t.uint8: np.uint8, t.int64: np.int64}
-    if x.dtype not in names or np.dtype(names[x.dtype]) not in allowed:
+    if not _torch_dtypes:
+        t = _torch()
+        _torch_dtypes.update({t.float32: np.dtype(np.float32), t.bool: np.dtype(np.bool_),
+                              t.uint8: np.dtype(np.uint8), t.int64: np.dtype(np.int64)})
+    dt = _torch_dtypes.get(x.dtype)
+    if dt is None or dt not in allowed:
         raise ValueError("%s: dtype %s is not supported (mha computes in float32; convert with "
                          ".float())" % (name, x.dtype))
-    return x.detach().numpy()
+    return (x.detach() if x.requires_grad else x).numpy()
+
+
+def call(fn, *args):
+    """fn(*args) (an mha._mha function); when mha refuses a negative stride
+    (LayoutError), the inputs with one are copied (counted) and fn called
+    again.  An output with one is a ValueError from the extension instead."""
+    try:
+        return fn(*args)
+    except _mha.LayoutError:
+        return fn(*(_positive_strides(a) for a in args))
+
+
+def _positive_strides(a):
+    if type(a) is np.ndarray and min(a.strides, default=0) < 0:
+        count_copy()
+        return np.ascontiguousarray(a)
+    return a
 
 
 def _array(x, name, allowed):
@@ -66,16 +91,12 @@ def _array(x, name, allowed):
     if x.dtype not in allowed:
         raise ValueError("%s: dtype %s is not supported (mha computes in float32; convert with "
                          ".astype(np.float32))" % (name, x.dtype))
-    for s in x.strides:
-        if s < 0:  # mha's views have non-negative strides: the one layout copy
-            count_copy()
-            return np.ascontiguousarray(x)
     return x
 
 
 def f32(x, name):
     """The float32 NumPy view of x (zero-copy; see the module comment)."""
-    if type(x) is np.ndarray and x.dtype is _F32 and min(x.strides, default=0) >= 0:
+    if type(x) is np.ndarray and x.dtype == _F32:
         return x
     return _array(x, name, (_F32,))
 
@@ -95,12 +116,11 @@ def i64(x, name):
 
 
 def out_buffer(out, shape, name="out"):
-    """The caller's out= array, checked to have `shape` and to be writable."""
-    o = f32(out, name)
+    """The caller's out= array, checked to have `shape` (the extension
+    checks that it is writable float32 with non-negative strides)."""
+    o = out if type(out) is np.ndarray else f32(out, name)
     if o.shape != tuple(shape):
         raise ValueError("%s: shape %s, want %s" % (name, o.shape, tuple(shape)))
-    if not o.flags.writeable:
-        raise ValueError("%s: read-only array" % name)
     return o
 
 

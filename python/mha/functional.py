@@ -13,8 +13,16 @@ import threading
 import numpy as np
 
 from . import _mha
-from ._arrays import (f32, i64, is_torch, kernel_id, mask, masked_rows_id, out_buffer,
-                      seed_or_random, wrap, count_copy)
+from ._arrays import (KERNELS, MASKED_ROWS, call, count_copy, f32, i64, is_torch, kernel_id,
+                      mask, masked_rows_id, out_buffer, seed_or_random, wrap)
+
+_ndarray = np.ndarray
+_float32 = np.float32
+
+
+def _torch_from_numpy(a):
+    import torch
+    return torch.from_numpy(a)
 
 
 def _as4(x, name):
@@ -53,28 +61,36 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     output's shape to write into (returned).  kernel: "auto", "ref",
     "scalar" or "avx2".
     """
-    like_torch = is_torch(query)
-    q, k, v = f32(query, "query"), f32(key, "key"), f32(value, "value")
-    if not (q.ndim == k.ndim == v.ndim):
-        raise ValueError("query, key, value: ranks %d, %d, %d differ" % (q.ndim, k.ndim, v.ndim))
-    q4, k4, v4 = _as4(q, "query"), _as4(k, "key"), _as4(v, "value")
-    if q4.shape[1] != k4.shape[1] and not enable_gqa:
+    like_torch = False
+    q, k, v = query, key, value
+    if type(q) is not _ndarray or type(k) is not _ndarray or type(v) is not _ndarray:
+        like_torch = is_torch(query)
+        q, k, v = f32(query, "query"), f32(key, "key"), f32(value, "value")
+    nd = q.ndim
+    if not (nd == k.ndim == v.ndim):
+        raise ValueError("query, key, value: ranks %d, %d, %d differ" % (nd, k.ndim, v.ndim))
+    shape = q.shape[:-1] + v.shape[-1:]
+    if nd != 4:
+        q, k, v = _as4(q, "query"), _as4(k, "key"), _as4(v, "value")
+    if q.shape[1] != k.shape[1] and not enable_gqa:
         raise ValueError("key: %d heads but query has %d; pass enable_gqa=True for grouped-"
-                         "query attention" % (k4.shape[1], q4.shape[1]))
-    shape = q.shape[:-1] + (v.shape[-1],)
-    if out is None:
-        result = np.empty(shape, np.float32)
-    else:
-        result = out_buffer(out, shape)
-    m = mask(attn_mask, "attn_mask")
-    if m is not None and m.ndim > 4:
-        m = _as4(m, "attn_mask")
-    _mha.sdpa(_as4(result, "out"), q4, k4, v4, m, 0, None, 0, 1 if is_causal else 0, scale,
-              dropout_p, seed_or_random(seed) if dropout_p else 0, masked_rows_id(masked_rows),
-              None, None, kernel_id(kernel))
+                         "query attention" % (k.shape[1], q.shape[1]))
+    result = np.empty(shape, _float32) if out is None else out_buffer(out, shape)
+    m = attn_mask
+    if m is not None:
+        m = mask(m, "attn_mask")
+        if m.ndim > 4:
+            m = _as4(m, "attn_mask")
+    rows = MASKED_ROWS.get(masked_rows)
+    kid = KERNELS.get(kernel)
+    if rows is None or kid is None:
+        masked_rows_id(masked_rows), kernel_id(kernel)  # raise the error
+    call(_mha.sdpa, result if nd == 4 else _as4(result, "out"), q, k, v, m, 0, None, 0,
+         1 if is_causal else 0, scale, dropout_p, seed_or_random(seed) if dropout_p else 0,
+         rows, None, None, kid)
     if out is not None:
         return out
-    return wrap(result, like_torch)
+    return _torch_from_numpy(result) if like_torch else result
 
 
 def _seq_first(x, batch_first):
@@ -110,7 +126,7 @@ def multihead(state, num_heads, query, key, value, key_padding_mask, need_weight
         lead = qb.shape[:-2]
         L = qb.shape[-2]
         w = np.empty(lead + ((L, S) if average_attn_weights else (num_heads, L, S)), np.float32)
-    _mha.multihead(_seq_first(result, batch_first), qb, kb, vb, state, num_heads,
+    call(_mha.multihead, _seq_first(result, batch_first), qb, kb, vb, state, num_heads,
                    int(bool(add_zero_attn)), mask(key_padding_mask, "key_padding_mask"),
                    mask(attn_mask, "attn_mask"), int(bool(is_causal)),
                    masked_rows_id(masked_rows), w, int(bool(average_attn_weights)),
@@ -181,9 +197,9 @@ def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
     opts = (int(bool(is_causal)), scale, int(q_num_heads), int(kv_num_heads), float(softcap),
             int(qk_matmul_output_mode), int(softmax_precision), int(left_window_size),
             int(right_window_size), kernel_id(kernel))
-    shapes = _mha.onnx_attention_shapes(*ins, *opts)
+    shapes = call(_mha.onnx_attention_shapes, *ins, *opts)
     outs = [np.empty(s, np.float32) for s in shapes]
-    _mha.onnx_attention(*outs, *ins, *opts)
+    call(_mha.onnx_attention, *outs, *ins, *opts)
     return tuple(wrap(o, like_torch) for o in outs)
 
 
@@ -207,7 +223,7 @@ class KVCache:
         """Appends n steps: key (B,Hkv,n,d), value (B,Hkv,n,dv) (copied in)."""
         k, v = f32(key, "key"), f32(value, "value")
         with self._lock:
-            _mha.kv_cache_append(self._cache, k, v)
+            call(_mha.kv_cache_append, self._cache, k, v)
 
     def reset(self):
         """Forgets every key; keeps the memory."""
@@ -238,7 +254,7 @@ def attention_decode(query, cache, scale=None, softcap=0.0, *, out=None, return_
     result = np.empty(shape, np.float32) if out is None else out_buffer(out, shape)
     lse = np.empty(q.shape[:3], np.float32) if return_lse else None
     with cache._lock:
-        _mha.attention_decode(result, q, cache._cache, scale, float(softcap), lse,
+        call(_mha.attention_decode, result, q, cache._cache, scale, float(softcap), lse,
                               kernel_id(kernel))
     o = out if out is not None else wrap(result, like_torch)
     return (o, wrap(lse, like_torch)) if return_lse else o

@@ -10,7 +10,7 @@ H heads, F dim_feedforward.
 import numpy as np
 
 from . import _mha
-from ._arrays import (f32, is_torch, kernel_id, mask, masked_rows_id, rows, seed_or_random,
+from ._arrays import (call, f32, is_torch, kernel_id, mask, masked_rows_id, rows, seed_or_random,
                       weights, wrap)
 from .functional import multihead
 
@@ -163,7 +163,7 @@ class TransformerEncoderLayer(_Layer):
         like_torch = is_torch(src)
         x = self._seq(src, "src")
         out = np.empty(x.shape, np.float32)
-        _mha.encoder_layer(out, x, self.state, mask(src_mask, "src_mask"),
+        call(_mha.encoder_layer, out, x, self.state, mask(src_mask, "src_mask"),
                            mask(src_key_padding_mask, "src_key_padding_mask"),
                            int(bool(is_causal)), *self._options(seed))
         return self._result(out, like_torch)
@@ -199,7 +199,7 @@ class TransformerDecoderLayer(_Layer):
         like_torch = is_torch(tgt)
         x, m = self._seq(tgt, "tgt"), self._seq(memory, "memory")
         out = np.empty(x.shape, np.float32)
-        _mha.decoder_layer(out, x, m, self.state, mask(tgt_mask, "tgt_mask"),
+        call(_mha.decoder_layer, out, x, m, self.state, mask(tgt_mask, "tgt_mask"),
                            mask(tgt_key_padding_mask, "tgt_key_padding_mask"),
                            int(bool(tgt_is_causal)), mask(memory_mask, "memory_mask"),
                            mask(memory_key_padding_mask, "memory_key_padding_mask"),

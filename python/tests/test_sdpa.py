@@ -119,3 +119,17 @@ def test_dropout_is_seeded(rng):
     d = mha.scaled_dot_product_attention(q, k, v)
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c) and not np.array_equal(a, d)
+
+
+def test_negative_stride_mask_copied_and_out_refused(rng):
+    q, k, v = randn(rng, 1, 2, 5, 3), randn(rng, 1, 2, 4, 3), randn(rng, 1, 2, 4, 3)
+    m = rng.random((5, 4)) < 0.7
+    m[:, 0] = m[:, -1] = True
+    before = mha.copies()
+    got = mha.scaled_dot_product_attention(q, k, v, attn_mask=m[:, ::-1])
+    assert mha.copies() == before + 1
+    np.testing.assert_allclose(got, ref_sdpa(q, k, v, m[:, ::-1]), rtol=1e-4, atol=2e-5)
+    store = np.zeros((1, 2, 5, 3), np.float32)
+    with pytest.raises(ValueError, match="negative stride"):
+        mha.scaled_dot_product_attention(q, k, v, out=store[:, :, ::-1])
+    assert not store.any()  # nothing written

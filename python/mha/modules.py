@@ -94,8 +94,12 @@ class MultiheadAttention(_Module):
 
 
 class _Layer(_Module):
-    def __init__(self, d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
-                 batch_first, norm_first, bias, state_dict, masked_rows, kernel):
+    """The constructor shared by the encoder and decoder layers (torch's
+    arguments; bias is implied by the state_dict's entries)."""
+
+    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu",
+                 layer_norm_eps=1e-5, batch_first=False, norm_first=False, bias=True, *,
+                 state_dict=None, masked_rows="nan", kernel="auto"):
         if callable(activation):
             activation = getattr(activation, "__name__", "")
         if activation not in _ACTIVATIONS:
@@ -111,6 +115,14 @@ class _Layer(_Module):
             raise ValueError("state_dict: linear1.weight %s, want (%d, %d) (dim_feedforward, "
                              "d_model)" % (None if w1 is None else w1.shape,
                                            self.dim_feedforward, self.d_model))
+
+    @classmethod
+    def from_torch(cls, layer, **kwargs):
+        """The mha twin of a torch layer (weights shared when float32)."""
+        return cls(layer.self_attn.embed_dim, layer.self_attn.num_heads,
+                   layer.linear1.out_features, layer.dropout.p, _torch_activation(layer),
+                   layer.norm1.eps, layer.self_attn.batch_first, layer.norm_first,
+                   state_dict=layer.state_dict(), **kwargs)
 
     def _options(self, seed):
         drop = self.training and self.dropout > 0
@@ -142,19 +154,6 @@ class TransformerEncoderLayer(_Layer):
     TransformerEncoderLayer.from_torch(layer) copies a torch layer.
     """
 
-    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu",
-                 layer_norm_eps=1e-5, batch_first=False, norm_first=False, bias=True, *,
-                 state_dict=None, masked_rows="nan", kernel="auto"):
-        super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
-                         batch_first, norm_first, bias, state_dict, masked_rows, kernel)
-
-    @classmethod
-    def from_torch(cls, layer, **kwargs):
-        return cls(layer.self_attn.embed_dim, layer.self_attn.num_heads,
-                   layer.linear1.out_features, layer.dropout.p, _torch_activation(layer),
-                   layer.norm1.eps, layer.self_attn.batch_first, layer.norm_first,
-                   state_dict=layer.state_dict(), **kwargs)
-
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False, *,
                 seed=None):
         """src (L,B,E) (batch_first: (B,L,E); unbatched (L,E)) -> same shape.
@@ -173,19 +172,6 @@ class TransformerDecoderLayer(_Layer):
     """torch.nn.TransformerDecoderLayer on mha: the constructor of
     TransformerEncoderLayer; state_dict with self_attn.*, multihead_attn.*,
     linear1/2.*, norm1/2/3.*."""
-
-    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu",
-                 layer_norm_eps=1e-5, batch_first=False, norm_first=False, bias=True, *,
-                 state_dict=None, masked_rows="nan", kernel="auto"):
-        super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
-                         batch_first, norm_first, bias, state_dict, masked_rows, kernel)
-
-    @classmethod
-    def from_torch(cls, layer, **kwargs):
-        return cls(layer.self_attn.embed_dim, layer.self_attn.num_heads,
-                   layer.linear1.out_features, layer.dropout.p, _torch_activation(layer),
-                   layer.norm1.eps, layer.self_attn.batch_first, layer.norm_first,
-                   state_dict=layer.state_dict(), **kwargs)
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False, *,

@@ -1,8 +1,10 @@
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Type, TypeVar, Union
 
 import numpy as np
 
 from .functional import Array, Kernel, MaskedRows
+
+L = TypeVar("L", bound="_Layer")
 
 class _Module:
     training: bool
@@ -32,7 +34,7 @@ class MultiheadAttention(_Module):
                 is_causal: bool = ..., *, seed: Optional[int] = ...
                 ) -> Tuple[Array, Optional[Array]]: ...
 
-class TransformerEncoderLayer(_Module):
+class _Layer(_Module):
     state: Dict[str, np.ndarray]
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = ...,
                  dropout: float = ..., activation: Union[str, Callable[..., Any]] = ...,
@@ -40,20 +42,14 @@ class TransformerEncoderLayer(_Module):
                  bias: bool = ..., *, state_dict: Mapping[str, Array] = ...,
                  masked_rows: MaskedRows = ..., kernel: Kernel = ...) -> None: ...
     @classmethod
-    def from_torch(cls, layer: Any, **kwargs: Any) -> "TransformerEncoderLayer": ...
+    def from_torch(cls: Type[L], layer: Any, **kwargs: Any) -> L: ...
+
+class TransformerEncoderLayer(_Layer):
     def forward(self, src: Array, src_mask: Optional[Array] = ...,
                 src_key_padding_mask: Optional[Array] = ..., is_causal: bool = ..., *,
                 seed: Optional[int] = ...) -> Array: ...
 
-class TransformerDecoderLayer(_Module):
-    state: Dict[str, np.ndarray]
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = ...,
-                 dropout: float = ..., activation: Union[str, Callable[..., Any]] = ...,
-                 layer_norm_eps: float = ..., batch_first: bool = ..., norm_first: bool = ...,
-                 bias: bool = ..., *, state_dict: Mapping[str, Array] = ...,
-                 masked_rows: MaskedRows = ..., kernel: Kernel = ...) -> None: ...
-    @classmethod
-    def from_torch(cls, layer: Any, **kwargs: Any) -> "TransformerDecoderLayer": ...
+class TransformerDecoderLayer(_Layer):
     def forward(self, tgt: Array, memory: Array, tgt_mask: Optional[Array] = ...,
                 memory_mask: Optional[Array] = ..., tgt_key_padding_mask: Optional[Array] = ...,
                 memory_key_padding_mask: Optional[Array] = ..., tgt_is_causal: bool = ...,

@@ -13,7 +13,7 @@ import threading
 import numpy as np
 
 from . import _mha
-from ._arrays import (KERNELS, MASKED_ROWS, call, count_copy, f32, i64, is_torch, kernel_id,
+from ._arrays import (call, count_copy, f32, i64, is_torch, kernel_id,
                       mask, masked_rows_id, out_buffer, seed_or_random, wrap)
 
 _ndarray = np.ndarray
@@ -81,13 +81,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         m = mask(m, "attn_mask")
         if m.ndim > 4:
             m = _as4(m, "attn_mask")
-    rows = MASKED_ROWS.get(masked_rows)
-    kid = KERNELS.get(kernel)
-    if rows is None or kid is None:
-        masked_rows_id(masked_rows), kernel_id(kernel)  # raise the error
-    call(_mha.sdpa, result if nd == 4 else _as4(result, "out"), q, k, v, m, 0, None, 0,
-         1 if is_causal else 0, scale, dropout_p, seed_or_random(seed) if dropout_p else 0,
-         rows, None, None, kid)
+    rows = 0 if masked_rows == "zero" else masked_rows_id(masked_rows)
+    kid = 0 if kernel == "auto" else kernel_id(kernel)
+    args = (result if nd == 4 else _as4(result, "out"), q, k, v, m, 0, None, 0,
+            1 if is_causal else 0, scale, dropout_p, seed_or_random(seed) if dropout_p else 0,
+            rows, None, None, kid)
+    try:  # call() inlined: this is the per-call floor (bench/python_bench.py)
+        _mha.sdpa(*args)
+    except _mha.LayoutError:
+        call(_mha.sdpa, *args)
     if out is not None:
         return out
     return _torch_from_numpy(result) if like_torch else result

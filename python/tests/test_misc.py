@@ -164,3 +164,4 @@ def test_versions_and_threads():
     mha.set_num_threads(n)
     with pytest.raises(ValueError):
         mha.set_num_threads(-1)
+

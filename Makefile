@@ -178,6 +178,12 @@ $(BUILD)/perf_driver: $(BUILD)/tests/tools/perf_driver.o $(STATIC)
 perf-guard: $(BUILD)/perf_driver
 	@MHA_BUILD=$(BUILD) sh tests/perf_guard.sh
 
+# ---- the Python package (python/, docs/python.md): its setup.py links
+# libmha.a with these flags.
+.PHONY: print-ldlibs
+print-ldlibs:
+	@echo $(LDLIBS_)
+
 deps:
 	@sh tools/deps.sh
 

@@ -59,9 +59,16 @@ ifeq ($(HAVE_PNG),yes)
   CFLAGS_ += -DMHA_HAVE_PNG
   LDLIBS_ += -lpng
 endif
+# utf8proc: NFD and case mapping of the WordPiece tokenizer (src/text/).
+HAVE_UTF8PROC := $(call probe,-lutf8proc,$(HASH)include <utf8proc.h>)
+ifeq ($(HAVE_UTF8PROC),yes)
+  CFLAGS_ += -DMHA_HAVE_UTF8PROC
+  LDLIBS_ += -lutf8proc
+endif
 
 # ---- sources -------------------------------------------------------------------
 LIB_SRC   := $(wildcard src/*.c src/io/*.c src/kernels/*.c)
+LIB_SRC   += $(wildcard src/text/*.c)
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_SRC   := $(wildcard cli/*.c)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)

@@ -17,7 +17,15 @@ typedef struct mha_cps {
     size_t n, cap;
 } mha_cps;
 
-mha_status mha_cps_push(mha_cps *a, uint32_t c);
+/* Appends c (grows the array: MHA_ERR_NOMEM / MHA_ERR_OVERFLOW on failure). */
+mha_status mha_cps_grow_push(mha_cps *a, uint32_t c);
+static inline mha_status mha_cps_push(mha_cps *a, uint32_t c) {
+    if (a->n < a->cap) {
+        a->v[a->n++] = c;
+        return MHA_OK;
+    }
+    return mha_cps_grow_push(a, c);
+}
 void mha_cps_free(mha_cps *a);
 
 /* Appends the code points of UTF-8 bytes s[0..len) to *out.  A byte
@@ -47,10 +55,11 @@ int mha_text_have_unicode(void);
 
 /* Normalizes in[0..n) into *out (appended) as BertNormalizer does: clean
  * text, space CJK ideographs, NFD + drop nonspacing marks, lowercase per
- * code point.  MHA_ERR_UNSUPPORTED without utf8proc when NFD or
- * lowercasing is asked for. */
+ * code point.  scratch: any array (reused, so a caller can keep it across
+ * calls).  MHA_ERR_UNSUPPORTED without utf8proc when NFD or lowercasing is
+ * asked for. */
 mha_status mha_bert_normalize(const mha_bert_normalizer *opt, const uint32_t *in, size_t n,
-                              mha_cps *out);
+                              mha_cps *out, mha_cps *scratch);
 
 /* mha_tokenizer_open on a tokenizer.json held in memory (json[0..size),
  * not NUL-terminated); name is used in messages.  For the fuzz target. */

@@ -509,7 +509,7 @@ MHA_API int64_t mha_tokenizer_num_special(const mha_tokenizer *tok) {
 /* One call's scratch and output. */
 typedef struct tk_work {
     const mha_tokenizer *t;
-    mha_cps raw, norm;            /* a piece's code points, then normalised */
+    mha_cps raw, norm, scratch;   /* a piece's code points, then normalised */
     int32_t *out;                 /* token ids (without the specials)       */
     size_t n_out, cap_out;
     size_t limit;                 /* stop after this many (SIZE_MAX: none)  */
@@ -522,7 +522,7 @@ static mha_status emit(tk_work *w, int32_t id) {
     if (w->n_out >= w->limit)
         return MHA_OK;
     if (w->n_out == w->cap_out) {
-        size_t cap = w->cap_out ? w->cap_out * 2 : 64;
+        size_t cap = w->cap_out ? w->cap_out * 2 : 512;
         int32_t *o = mha_malloc(cap * sizeof *o);
         MHA_CHECK(o != NULL, MHA_ERR_NOMEM, "tokenizer: out of memory for %zu ids", cap);
         if (w->n_out)
@@ -542,13 +542,15 @@ static mha_status wordpiece(tk_work *w, const uint32_t *c, size_t m) {
     if ((uint64_t)m > (uint64_t)t->max_chars)
         return emit(w, t->unk_id);
     if (m + 1 > w->cap_word) {
+        size_t cap = m + 1 > 2 * w->cap_word ? m + 1 : 2 * w->cap_word;
+        cap = cap < 128 ? 128 : cap;
         mha_free(w->bytes);
         mha_free(w->off);
         w->cap_word = 0;
-        w->bytes = mha_malloc(4 * m + 1);
-        w->off = mha_malloc((m + 1) * sizeof *w->off);
+        w->bytes = mha_malloc(4 * cap);
+        w->off = mha_malloc(cap * sizeof *w->off);
         MHA_CHECK(w->bytes && w->off, MHA_ERR_NOMEM, "tokenizer: out of memory for a word");
-        w->cap_word = m + 1;
+        w->cap_word = cap;
     }
     size_t nb = 0;
     for (size_t i = 0; i < m; i++) {
@@ -587,7 +589,7 @@ static mha_status encode_piece(tk_work *w, const char *s, size_t len) {
     MHA_TRY(mha_utf8_decode(s, len, &w->raw));
     const mha_cps *c = &w->raw;
     if (t->has_normalizer) {
-        MHA_TRY(mha_bert_normalize(&t->norm, w->raw.v, w->raw.n, &w->norm));
+        MHA_TRY(mha_bert_normalize(&t->norm, w->raw.v, w->raw.n, &w->norm, &w->scratch));
         c = &w->norm;
     }
     if (!t->has_pre_tokenizer)
@@ -667,6 +669,7 @@ MHA_API mha_status mha_tokenizer_encode(const mha_tokenizer *tok, const char *te
     }
     mha_cps_free(&w.raw);
     mha_cps_free(&w.norm);
+    mha_cps_free(&w.scratch);
     mha_free(w.out);
     mha_free(w.bytes);
     mha_free(w.off);

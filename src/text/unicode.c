@@ -27,9 +27,9 @@
 
 /* ---- growable code point arrays ------------------------------------------ */
 
-mha_status mha_cps_push(mha_cps *a, uint32_t c) {
+mha_status mha_cps_grow_push(mha_cps *a, uint32_t c) {
     if (a->n == a->cap) {
-        size_t cap = a->cap ? a->cap * 2 : 64;
+        size_t cap = a->cap ? a->cap * 2 : 1024;
         MHA_CHECK(cap < SIZE_MAX / sizeof *a->v, MHA_ERR_OVERFLOW, "text: too many code points");
         uint32_t *v = mha_malloc(cap * sizeof *v);
         MHA_CHECK(v != NULL, MHA_ERR_NOMEM, "text: out of memory for %zu code points", cap);
@@ -139,9 +139,19 @@ static int in_ranges(const uint32_t (*r)[2], size_t n, uint32_t c) {
 }
 #define IN_TABLE(t, c) in_ranges((t), sizeof(t) / sizeof *(t), (c))
 
-int mha_char_is_deleted(uint32_t c) { return IN_TABLE(tk_deleted, c); }
+/* ASCII answers without the tables (the common case): same values. */
+int mha_char_is_deleted(uint32_t c) {
+    if (c < 0x80)
+        return (c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7F;
+    return IN_TABLE(tk_deleted, c);
+}
 
-int mha_char_is_punct(uint32_t c) { return IN_TABLE(tk_punct, c); }
+int mha_char_is_punct(uint32_t c) {
+    if (c < 0x80)
+        return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) || (c >= 0x5B && c <= 0x60) ||
+               (c >= 0x7B && c <= 0x7E);
+    return IN_TABLE(tk_punct, c);
+}
 
 int mha_char_is_whitespace(uint32_t c) {
     /* ref: Unicode PropList.txt White_Space (stable since Unicode 6.3) */
@@ -167,7 +177,9 @@ int mha_text_have_unicode(void) { return 1; }
  * (unicode-normalization-alignments): kept whole, as it keeps them. */
 static int nfd_is_newer(uint32_t c) { return c == 0x11938; /* DIVES AKURU VOWEL SIGN O */ }
 
-static int ccc(uint32_t c) { return utf8proc_get_property((utf8proc_int32_t)c)->combining_class; }
+static int ccc(uint32_t c) {
+    return c < 0x300 ? 0 : utf8proc_get_property((utf8proc_int32_t)c)->combining_class;
+}
 
 /* Appends the NFD of in[0..n) to *out: full canonical decomposition, then
  * the canonical ordering of every run of non-starters (stable by class).
@@ -178,6 +190,10 @@ static mha_status nfd(const uint32_t *in, size_t n, mha_cps *out) {
         int last = 0;
         utf8proc_ssize_t k = 1;
         d[0] = (utf8proc_int32_t)in[i];
+        if (in[i] < 0xC0) { /* nothing below U+00C0 decomposes, all starters */
+            MHA_TRY(mha_cps_push(out, in[i]));
+            continue;
+        }
         if (!nfd_is_newer(in[i]))
             k = utf8proc_decompose_char((utf8proc_int32_t)in[i], d, 32, UTF8PROC_DECOMPOSE, &last);
         if (k < 1 || k > 32) /* cannot happen for scalar values; keep the char */
@@ -208,6 +224,8 @@ static const uint32_t lower_newer[][3] = {
 /* Per code point, as Rust's char::to_lowercase: the full mapping, which
  * differs from the simple one only at U+0130 ("i" + U+0307). */
 static mha_status lowercase(uint32_t c, mha_cps *out) {
+    if (c < 0x80)
+        return mha_cps_push(out, c >= 'A' && c <= 'Z' ? c + 32 : c);
     if (c == 0x130) {
         MHA_TRY(mha_cps_push(out, 'i'));
         return mha_cps_push(out, 0x307);
@@ -222,17 +240,21 @@ int mha_text_have_unicode(void) { return 0; }
 #endif
 
 mha_status mha_bert_normalize(const mha_bert_normalizer *opt, const uint32_t *in, size_t n,
-                              mha_cps *out) {
+                              mha_cps *out, mha_cps *scratch) {
 #ifndef MHA_HAVE_UTF8PROC
+    (void)scratch;
     MHA_CHECK(!opt->strip_accents && !opt->lowercase, MHA_ERR_UNSUPPORTED,
               "tokenizer: this build has no utf8proc (NFD and lowercasing need it; "
               "install libutf8proc-dev and rebuild)");
 #endif
-    mha_cps a = {0}, b = {0};
-    mha_status st = MHA_OK;
-    /* 1. clean_text and 2. handle_chinese_chars, in one pass */
-    for (size_t i = 0; i < n && st == MHA_OK; i++) {
+    size_t start = out->n;
+    /* 1. clean_text and 2. handle_chinese_chars, in one pass, into out */
+    for (size_t i = 0; i < n; i++) {
         uint32_t c = in[i];
+        if (c >= 0x20 && c < 0x7F) { /* printable ASCII: kept as it is */
+            MHA_TRY(mha_cps_push(out, c));
+            continue;
+        }
         if (opt->clean_text) {
             if (mha_char_is_deleted(c))
                 continue;
@@ -240,38 +262,40 @@ mha_status mha_bert_normalize(const mha_bert_normalizer *opt, const uint32_t *in
                 c = ' ';
         }
         if (opt->handle_chinese_chars && mha_char_is_cjk(c)) {
-            st = mha_cps_push(&a, ' ');
-            if (st == MHA_OK)
-                st = mha_cps_push(&a, c);
-            if (st == MHA_OK)
-                st = mha_cps_push(&a, ' ');
+            MHA_TRY(mha_cps_push(out, ' '));
+            MHA_TRY(mha_cps_push(out, c));
+            MHA_TRY(mha_cps_push(out, ' '));
         } else {
-            st = mha_cps_push(&a, c);
+            MHA_TRY(mha_cps_push(out, c));
         }
     }
-    const mha_cps *cur = &a;
 #ifdef MHA_HAVE_UTF8PROC
-    /* 3. strip accents: NFD, then drop the nonspacing marks */
-    if (st == MHA_OK && opt->strip_accents) {
-        st = nfd(a.v, a.n, &b);
+    if (!opt->strip_accents && !opt->lowercase)
+        return MHA_OK;
+    /* 3. strip accents: NFD, then drop the nonspacing marks (into scratch) */
+    scratch->n = 0;
+    if (opt->strip_accents) {
+        MHA_TRY(nfd(out->v + start, out->n - start, scratch));
         size_t k = 0;
-        for (size_t i = 0; st == MHA_OK && i < b.n; i++)
-            if (!IN_TABLE(tk_marks, b.v[i]))
-                b.v[k++] = b.v[i];
-        b.n = k;
-        cur = &b;
+        for (size_t i = 0; i < scratch->n; i++)
+            if (scratch->v[i] < 0x300 || !IN_TABLE(tk_marks, scratch->v[i]))
+                scratch->v[k++] = scratch->v[i];
+        scratch->n = k;
+    } else {
+        for (size_t i = start; i < out->n; i++)
+            MHA_TRY(mha_cps_push(scratch, out->v[i]));
     }
-    /* 4. lowercase, per code point */
-    if (st == MHA_OK && opt->lowercase) {
-        for (size_t i = 0; st == MHA_OK && i < cur->n; i++)
-            st = lowercase(cur->v[i], out);
-    } else
+    /* 4. lowercase, per code point (back into out) */
+    out->n = start;
+    for (size_t i = 0; i < scratch->n; i++) {
+        uint32_t c = scratch->v[i];
+        if (c < 0x80 || !opt->lowercase)
+            MHA_TRY(mha_cps_push(out, opt->lowercase && c >= 'A' && c <= 'Z' ? c + 32 : c));
+        else
+            MHA_TRY(lowercase(c, out));
+    }
+#else
+    (void)start;
 #endif
-    {
-        for (size_t i = 0; st == MHA_OK && i < cur->n; i++)
-            st = mha_cps_push(out, cur->v[i]);
-    }
-    mha_cps_free(&a);
-    mha_cps_free(&b);
-    return st;
+    return MHA_OK;
 }

@@ -171,7 +171,7 @@ TEST(tokenizer_every_code_point_as_tokenizers) {
     FILE *f = fopen(p, "r");
     REQUIRE(f != NULL);
     mha_bert_normalizer bert = {1, 1, 1, 1}; /* tokenizers' BertNormalizer() */
-    mha_cps out = {0};
+    mha_cps out = {0}, scratch = {0};
     char line[128];
     int blocks = 0, bad = 0;
     while (fgets(line, sizeof line, f)) {
@@ -184,7 +184,7 @@ TEST(tokenizer_every_code_point_as_tokenizers) {
             if (c >= 0xD800 && c <= 0xDFFF)
                 continue;
             out.n = 0;
-            if (mha_bert_normalize(&bert, &c, 1, &out) != MHA_OK) {
+            if (mha_bert_normalize(&bert, &c, 1, &out, &scratch) != MHA_OK) {
                 bad++;
                 break;
             }
@@ -205,6 +205,7 @@ TEST(tokenizer_every_code_point_as_tokenizers) {
     }
     fclose(f);
     mha_cps_free(&out);
+    mha_cps_free(&scratch);
     printf("tokenizer: %d blocks of 1024 code points compared with tokenizers, %d differ\n",
            blocks, bad);
     CHECK(blocks == 1088);

@@ -41,9 +41,26 @@ int mha_utf8_put(uint32_t c, char *buf);
 /* The character classes as Hugging Face tokenizers has them (tables
  * generated from the library itself, src/text/unicode_tables.h). */
 int mha_char_is_deleted(uint32_t c);     /* clean_text removes it        */
-int mha_char_is_whitespace(uint32_t c);  /* Rust char::is_whitespace     */
-int mha_char_is_punct(uint32_t c);       /* BertPreTokenizer isolates it */
 int mha_char_is_cjk(uint32_t c);         /* handle_chinese_chars spaces it */
+int mha_char_in_punct_table(uint32_t c); /* the table, any code point    */
+
+/* BertPreTokenizer isolates it: ASCII punctuation ($+<=>^`|~ included),
+ * else the generated table (inline: the pre-tokenizer asks per character). */
+static inline int mha_char_is_punct(uint32_t c) {
+    if (c < 0x80)
+        return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) || (c >= 0x5B && c <= 0x60) ||
+               (c >= 0x7B && c <= 0x7E);
+    return mha_char_in_punct_table(c);
+}
+
+/* Rust's char::is_whitespace, the White_Space property.
+ * ref: Unicode PropList.txt White_Space (unchanged since Unicode 6.3). */
+static inline int mha_char_is_whitespace(uint32_t c) {
+    if (c < 0x80)
+        return (c >= 0x09 && c <= 0x0D) || c == 0x20;
+    return c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
+           c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
 
 /* BertNormalizer's options (tokenizer.json "normalizer"). */
 typedef struct mha_bert_normalizer {

@@ -146,19 +146,7 @@ int mha_char_is_deleted(uint32_t c) {
     return IN_TABLE(tk_deleted, c);
 }
 
-int mha_char_is_punct(uint32_t c) {
-    if (c < 0x80)
-        return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) || (c >= 0x5B && c <= 0x60) ||
-               (c >= 0x7B && c <= 0x7E);
-    return IN_TABLE(tk_punct, c);
-}
-
-int mha_char_is_whitespace(uint32_t c) {
-    /* ref: Unicode PropList.txt White_Space (stable since Unicode 6.3) */
-    return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-           c == 0x205F || c == 0x3000;
-}
+int mha_char_in_punct_table(uint32_t c) { return IN_TABLE(tk_punct, c); }
 
 int mha_char_is_cjk(uint32_t c) {
     /* ref: tokenizers normalizers/bert.rs is_chinese_char (the CJK blocks) */
@@ -248,6 +236,21 @@ mha_status mha_bert_normalize(const mha_bert_normalizer *opt, const uint32_t *in
               "install libutf8proc-dev and rebuild)");
 #endif
     size_t start = out->n;
+    size_t ascii = 0;
+    while (ascii < n && in[ascii] < 0x80)
+        ascii++;
+    if (ascii == n) { /* ASCII only: every step is per character, no NFD */
+        for (size_t i = 0; i < n; i++) {
+            uint32_t c = in[i];
+            if (opt->clean_text && (c < 0x20 || c == 0x7F)) {
+                if (mha_char_is_deleted(c))
+                    continue;
+                c = ' '; /* tab, LF, CR */
+            }
+            MHA_TRY(mha_cps_push(out, opt->lowercase && c >= 'A' && c <= 'Z' ? c + 32 : c));
+        }
+        return MHA_OK;
+    }
     /* 1. clean_text and 2. handle_chinese_chars, in one pass, into out */
     for (size_t i = 0; i < n; i++) {
         uint32_t c = in[i];

@@ -510,8 +510,7 @@ MHA_API int64_t mha_tokenizer_num_special(const mha_tokenizer *tok) {
 typedef struct tk_work {
     const mha_tokenizer *t;
     mha_cps raw, norm, scratch;   /* a piece's code points, then normalised */
-    int32_t *out;                 /* token ids (without the specials)       */
-    size_t n_out, cap_out;
+    mha_cps out;                  /* token ids (>= 0), without the specials */
     size_t limit;                 /* stop after this many (SIZE_MAX: none)  */
     char *bytes;                  /* a word's UTF-8                         */
     size_t *off;                  /* [chars + 1] byte offset of each char   */
@@ -519,20 +518,7 @@ typedef struct tk_work {
 } tk_work;
 
 static mha_status emit(tk_work *w, int32_t id) {
-    if (w->n_out >= w->limit)
-        return MHA_OK;
-    if (w->n_out == w->cap_out) {
-        size_t cap = w->cap_out ? w->cap_out * 2 : 512;
-        int32_t *o = mha_malloc(cap * sizeof *o);
-        MHA_CHECK(o != NULL, MHA_ERR_NOMEM, "tokenizer: out of memory for %zu ids", cap);
-        if (w->n_out)
-            memcpy(o, w->out, w->n_out * sizeof *o);
-        mha_free(w->out);
-        w->out = o;
-        w->cap_out = cap;
-    }
-    w->out[w->n_out++] = id;
-    return MHA_OK;
+    return w->out.n < w->limit ? mha_cps_push(&w->out, (uint32_t)id) : MHA_OK;
 }
 
 /* WordPiece of one word c[0..m): greedy longest match from the left.
@@ -558,7 +544,7 @@ static mha_status wordpiece(tk_work *w, const uint32_t *c, size_t m) {
         nb += (size_t)mha_utf8_put(c[i], w->bytes + nb);
     }
     w->off[m] = nb;
-    size_t mark = w->n_out;
+    size_t mark = w->out.n;
     for (size_t start = 0; start < m;) {
         const char *pre = start ? t->prefix : "";
         size_t npre = start ? t->prefix_len : 0;
@@ -572,7 +558,7 @@ static mha_status wordpiece(tk_work *w, const uint32_t *c, size_t m) {
                 break;
         }
         if (id < 0) { /* no piece fits here: the whole word is [UNK] */
-            w->n_out = mark < w->n_out ? mark : w->n_out;
+            w->out.n = mark < w->out.n ? mark : w->out.n;
             return emit(w, t->unk_id);
         }
         MHA_TRY(emit(w, id));
@@ -595,7 +581,7 @@ static mha_status encode_piece(tk_work *w, const char *s, size_t len) {
     if (!t->has_pre_tokenizer)
         return c->n ? wordpiece(w, c->v, c->n) : MHA_OK;
     size_t word = 0; /* start of the current word */
-    for (size_t i = 0; i <= c->n && w->n_out < w->limit; i++) {
+    for (size_t i = 0; i <= c->n && w->out.n < w->limit; i++) {
         int ws = i < c->n && mha_char_is_whitespace(c->v[i]);
         int punct = i < c->n && !ws && mha_char_is_punct(c->v[i]);
         if (i < c->n && !ws && !punct)
@@ -639,7 +625,7 @@ MHA_API mha_status mha_tokenizer_encode(const mha_tokenizer *tok, const char *te
         w.limit = (size_t)(max_length - specials);
     mha_status st = MHA_OK;
     size_t piece = 0;
-    for (size_t i = 0; i < len && st == MHA_OK && w.n_out < w.limit;) {
+    for (size_t i = 0; i < len && st == MHA_OK && w.out.n < w.limit;) {
         const tk_added *a = tok->n_added ? added_at(tok, text + i, len - i) : NULL;
         if (!a) {
             i++;
@@ -652,25 +638,25 @@ MHA_API mha_status mha_tokenizer_encode(const mha_tokenizer *tok, const char *te
         i += a->len;
         piece = i;
     }
-    if (st == MHA_OK && piece < len && w.n_out < w.limit)
+    if (st == MHA_OK && piece < len && w.out.n < w.limit)
         st = encode_piece(&w, text + piece, len - piece);
     if (st == MHA_OK) {
-        int64_t need = specials + (int64_t)w.n_out;
+        int64_t need = specials + (int64_t)w.out.n;
         *n = need;
         if (need > capacity) {
             st = mha_error(MHA_ERR_SHAPE, "tokenizer_encode: ids has room for %lld but the "
                            "text needs %lld", (long long)capacity, (long long)need);
         } else if (need > 0) {
             memcpy(ids, tok->head, (size_t)tok->n_head * sizeof *ids);
-            if (w.n_out)
-                memcpy(ids + tok->n_head, w.out, w.n_out * sizeof *ids);
-            memcpy(ids + tok->n_head + w.n_out, tok->tail, (size_t)tok->n_tail * sizeof *ids);
+            for (size_t i = 0; i < w.out.n; i++)
+                ids[tok->n_head + (int64_t)i] = (int32_t)w.out.v[i];
+            memcpy(ids + tok->n_head + w.out.n, tok->tail, (size_t)tok->n_tail * sizeof *ids);
         }
     }
     mha_cps_free(&w.raw);
     mha_cps_free(&w.norm);
     mha_cps_free(&w.scratch);
-    mha_free(w.out);
+    mha_cps_free(&w.out);
     mha_free(w.bytes);
     mha_free(w.off);
     return st;

@@ -7,7 +7,7 @@
  * special tokens, NULLs); the malformed tokenizer.json corpus
  * (tests/corpus/tokenizer, expected errors in tests/corpus/tokenizer.txt);
  * allocation failures.  Builds without cJSON or utf8proc report skipped. */
-#include "test.h"
+#include "fixture.h"
 #include "text/text.h"
 
 #include <dirent.h>
@@ -298,18 +298,6 @@ TEST(tokenizer_rules) {
 
 /* ---- malformed files ------------------------------------------------------- */
 
-static int status_named(const char *name) {
-    static const struct {
-        const char *name;
-        mha_status st;
-    } map[] = {{"FORMAT", MHA_ERR_FORMAT}, {"UNSUPPORTED", MHA_ERR_UNSUPPORTED},
-               {"IO", MHA_ERR_IO}};
-    for (size_t i = 0; i < sizeof map / sizeof *map; i++)
-        if (!strcmp(name, map[i].name))
-            return (int)map[i].st;
-    return -1;
-}
-
 TEST(tokenizer_malformed_files_fail_as_listed) {
     if (!tokenizer_available("tokenizer_malformed_files_fail_as_listed"))
         return;
@@ -319,14 +307,11 @@ TEST(tokenizer_malformed_files_fail_as_listed) {
     int checked = 0;
     char listed[128][96];
     int n_listed = 0;
-    while (fgets(line, sizeof line, f)) {
-        if (line[0] == '#' || line[0] == '\n')
-            continue;
-        line[strcspn(line, "\n")] = 0;
-        char file[96], stname[32];
-        int used = 0;
-        if (sscanf(line, "%95s %31s %n", file, stname, &used) != 2)
-            continue;
+    int want;
+    const char *needle;
+    char file[96];
+    while (fixture_corpus_next(f, line, file, &want, &needle)) {
+        CHECK(file[0] && want >= 0);
         if (n_listed < 128)
             strcpy(listed[n_listed++], file);
         char path[256];
@@ -335,10 +320,10 @@ TEST(tokenizer_malformed_files_fail_as_listed) {
         mha_status st = mha_tokenizer_open(&t, path);
         CHECK(t == NULL || st == MHA_OK);
         mha_tokenizer_free(st == MHA_OK ? t : NULL);
-        if ((int)st != status_named(stname) || !strstr(mha_last_error(), line + used) ||
-            !strstr(mha_last_error(), file))
+        if ((int)st != want || !strstr(mha_last_error(), needle) || !strstr(mha_last_error(), file))
             test_fail(__FILE__, __LINE__, "%s: got %s \"%s\", want %s \"%s\"", file,
-                      mha_status_string(st), mha_last_error(), stname, line + used);
+                      mha_status_string(st), mha_last_error(), mha_status_string((mha_status)want),
+                      needle);
         checked++;
     }
     fclose(f);

@@ -11,11 +11,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A growable array of code points (owned; free with mha_cps_free). */
+/* A growable array of code points (free with mha_cps_free).  {0} is an
+ * empty one; mha_cps_on starts in a caller's buffer (a stack array), left
+ * for the heap only when it outgrows it. */
 typedef struct mha_cps {
     uint32_t *v;
     size_t n, cap;
+    int borrowed;            /* v is the caller's buffer: never freed here */
 } mha_cps;
+
+static inline mha_cps mha_cps_on(uint32_t *buf, size_t cap) {
+    mha_cps a = {buf, 0, cap, 1};
+    return a;
+}
 
 /* Appends c (grows the array: MHA_ERR_NOMEM / MHA_ERR_OVERFLOW on failure). */
 mha_status mha_cps_grow_push(mha_cps *a, uint32_t c);

@@ -506,7 +506,9 @@ MHA_API int64_t mha_tokenizer_num_special(const mha_tokenizer *tok) {
 
 /* ---- encoding --------------------------------------------------------------- */
 
-/* One call's scratch and output. */
+#define TK_STACK 256 /* code points / chars a call holds without the heap */
+
+/* One call's scratch and output: on the stack until a text outgrows it. */
 typedef struct tk_work {
     const mha_tokenizer *t;
     mha_cps raw, norm, scratch;   /* a piece's code points, then normalised */
@@ -514,7 +516,10 @@ typedef struct tk_work {
     size_t limit;                 /* stop after this many (SIZE_MAX: none)  */
     char *bytes;                  /* a word's UTF-8                         */
     size_t *off;                  /* [chars + 1] byte offset of each char   */
-    size_t cap_word;
+    size_t cap_word;              /* chars + 1 that bytes and off hold      */
+    uint32_t stack[4][TK_STACK];  /* first storage of raw, norm, scratch, out */
+    char stack_bytes[4 * TK_STACK];
+    size_t stack_off[TK_STACK];
 } tk_work;
 
 static mha_status emit(tk_work *w, int32_t id) {
@@ -529,9 +534,10 @@ static mha_status wordpiece(tk_work *w, const uint32_t *c, size_t m) {
         return emit(w, t->unk_id);
     if (m + 1 > w->cap_word) {
         size_t cap = m + 1 > 2 * w->cap_word ? m + 1 : 2 * w->cap_word;
-        cap = cap < 128 ? 128 : cap;
-        mha_free(w->bytes);
-        mha_free(w->off);
+        if (w->bytes != w->stack_bytes) {
+            mha_free(w->bytes);
+            mha_free(w->off);
+        }
         w->cap_word = 0;
         w->bytes = mha_malloc(4 * cap);
         w->off = mha_malloc(cap * sizeof *w->off);
@@ -620,7 +626,16 @@ MHA_API mha_status mha_tokenizer_encode(const mha_tokenizer *tok, const char *te
     MHA_CHECK(max_length <= 0 || max_length >= specials, MHA_ERR_VALUE,
               "tokenizer_encode: max_length %lld cannot hold the %lld special tokens",
               (long long)max_length, (long long)specials);
-    tk_work w = {.t = tok, .limit = SIZE_MAX};
+    tk_work w;
+    w.t = tok;
+    w.limit = SIZE_MAX;
+    w.raw = mha_cps_on(w.stack[0], TK_STACK);
+    w.norm = mha_cps_on(w.stack[1], TK_STACK);
+    w.scratch = mha_cps_on(w.stack[2], TK_STACK);
+    w.out = mha_cps_on(w.stack[3], TK_STACK);
+    w.bytes = w.stack_bytes;
+    w.off = w.stack_off;
+    w.cap_word = TK_STACK;
     if (max_length > 0)
         w.limit = (size_t)(max_length - specials);
     mha_status st = MHA_OK;
@@ -657,7 +672,9 @@ MHA_API mha_status mha_tokenizer_encode(const mha_tokenizer *tok, const char *te
     mha_cps_free(&w.norm);
     mha_cps_free(&w.scratch);
     mha_cps_free(&w.out);
-    mha_free(w.bytes);
-    mha_free(w.off);
+    if (w.bytes != w.stack_bytes) {
+        mha_free(w.bytes);
+        mha_free(w.off);
+    }
     return st;
 }

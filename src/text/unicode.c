@@ -35,18 +35,22 @@ mha_status mha_cps_grow_push(mha_cps *a, uint32_t c) {
         MHA_CHECK(v != NULL, MHA_ERR_NOMEM, "text: out of memory for %zu code points", cap);
         if (a->n)
             memcpy(v, a->v, a->n * sizeof *v);
-        mha_free(a->v);
+        if (!a->borrowed)
+            mha_free(a->v);
         a->v = v;
         a->cap = cap;
+        a->borrowed = 0;
     }
     a->v[a->n++] = c;
     return MHA_OK;
 }
 
 void mha_cps_free(mha_cps *a) {
-    mha_free(a->v);
+    if (!a->borrowed)
+        mha_free(a->v);
     a->v = NULL;
     a->n = a->cap = 0;
+    a->borrowed = 0;
 }
 
 /* ---- UTF-8 ------------------------------------------------------------------ */

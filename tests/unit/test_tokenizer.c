@@ -362,17 +362,24 @@ TEST(tokenizer_out_of_memory) {
             failures++;
             continue;
         }
-        static const char text[] = "Unaffable caf\xc3\xa9 [MASK] playing xxxxxxxxxxxxxxxxx";
-        int32_t ids[64];
+        /* longer than the stack buffers (TK_STACK), and a 300-char word */
+        char text[1200] = "";
+        for (int r = 0; r < 12; r++)
+            strcat(text, "Unaffable caf\xc3\xa9 [MASK] playing xxxxxxxxxxxxxxxxx ");
+        memset(text + strlen(text), 'y', 300);
+        static int32_t ids[2048];
         int64_t n;
-        for (int64_t j = 1; j < 8; j++) {
+        int encode_failures = 0;
+        for (int64_t j = 1; j < 12; j++) {
             int64_t live2 = mha_test_live_allocs();
             mha_test_fail_alloc(j, 0);
-            st = mha_tokenizer_encode(t, text, sizeof text - 1, 0, ids, 64, &n);
+            st = mha_tokenizer_encode(t, text, strlen(text), 0, ids, 2048, &n);
             mha_test_fail_alloc(0, 0);
             CHECK(st == MHA_OK || st == MHA_ERR_NOMEM);
+            encode_failures += st == MHA_ERR_NOMEM;
             CHECK(mha_test_live_allocs() == live2);
         }
+        CHECK(encode_failures >= 2);
         mha_tokenizer_free(t);
         CHECK(mha_test_live_allocs() == live);
     }

@@ -84,6 +84,8 @@ struct mha_tokenizer {
     tk_added *added;              /* [n_added] raw-text tokens              */
     int n_added;
     uint8_t added_first[32];      /* bitmap of their first bytes            */
+    int added_one_first;          /* that byte when all share it (BERT's
+                                   * '['), else -1                          */
 
     int32_t head[TK_MAX_SPECIAL]; /* ids before $A                          */
     int32_t tail[TK_MAX_SPECIAL]; /* ids after $A                           */
@@ -382,6 +384,8 @@ static mha_status load_added(tk_load *L, const cJSON *a) {
         d->s = arena_put(L, s, d->len);
         d->id = (int32_t)id->valuedouble;
         t->added_first[(uint8_t)s[0] >> 3] |= (uint8_t)(1u << ((uint8_t)s[0] & 7));
+        int same = t->n_added == 1 || t->added_one_first == (uint8_t)s[0];
+        t->added_one_first = same ? (uint8_t)s[0] : -1;
     }
     return MHA_OK;
 }
@@ -449,6 +453,7 @@ mha_status mha_tokenizer_open_mem(mha_tokenizer **tok, const char *json, size_t 
               "tokenize)", name);
     mha_tokenizer *t = mha_calloc(1, sizeof *t);
     MHA_CHECK(t != NULL, MHA_ERR_NOMEM, "%s: out of memory", name);
+    t->added_one_first = -1;
     tk_load L = {t, name, NULL};
     mha_status st = load_json(&L, json, size);
     if (st != MHA_OK) {
@@ -641,6 +646,12 @@ MHA_API mha_status mha_tokenizer_encode(const mha_tokenizer *tok, const char *te
     mha_status st = MHA_OK;
     size_t piece = 0;
     for (size_t i = 0; i < len && st == MHA_OK && w.out.n < w.limit;) {
+        if (tok->added_one_first >= 0) { /* jump to the next candidate byte */
+            const char *next = memchr(text + i, tok->added_one_first, len - i);
+            if (!next)
+                break;
+            i = (size_t)(next - text);
+        }
         const tk_added *a = tok->n_added ? added_at(tok, text + i, len - i) : NULL;
         if (!a) {
             i++;

@@ -59,9 +59,16 @@ ifeq ($(HAVE_PNG),yes)
   CFLAGS_ += -DMHA_HAVE_PNG
   LDLIBS_ += -lpng
 endif
+# utf8proc: NFD and case mapping of the WordPiece tokenizer (src/text/).
+HAVE_UTF8PROC := $(call probe,-lutf8proc,$(HASH)include <utf8proc.h>)
+ifeq ($(HAVE_UTF8PROC),yes)
+  CFLAGS_ += -DMHA_HAVE_UTF8PROC
+  LDLIBS_ += -lutf8proc
+endif
 
 # ---- sources -------------------------------------------------------------------
 LIB_SRC   := $(wildcard src/*.c src/io/*.c src/kernels/*.c)
+LIB_SRC   += $(wildcard src/text/*.c)
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_SRC   := $(wildcard cli/*.c)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
@@ -117,9 +124,10 @@ $(BUILD)/fuzz_%: $(BUILD)/tests/fuzz/fuzz_%.o $(STATIC)
 	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LDLIBS_)
 
 .PHONY: fuzz-replay fuzz
-fuzz-replay: $(BUILD)/fuzz_npy $(BUILD)/fuzz_safetensors
+fuzz-replay: $(BUILD)/fuzz_npy $(BUILD)/fuzz_safetensors $(BUILD)/fuzz_tokenizer
 	$(BUILD)/fuzz_npy tests/corpus/npy tests/fixtures/io
 	$(BUILD)/fuzz_safetensors tests/corpus/safetensors tests/fixtures/io
+	$(BUILD)/fuzz_tokenizer tests/corpus/tokenizer tests/fixtures/tokenizer/tiny
 
 fuzz:
 	@mkdir -p build-fuzz/corpus-npy build-fuzz/corpus-safetensors
@@ -130,6 +138,21 @@ fuzz:
 	  build-fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -malloc_limit_mb=512 \
 	    -artifact_prefix=build-fuzz/ build-fuzz/corpus-$$t tests/corpus/$$t || exit 1; \
 	done
+
+# The tokenizer.json reader and text pipeline (tests/fuzz/fuzz_tokenizer.c,
+# needs libcjson and utf8proc): `make fuzz-tokenizer` under libFuzzer.
+IO_TOOLS += $(BUILD)/fuzz_tokenizer
+.PHONY: fuzz-tokenizer
+fuzz: fuzz-tokenizer
+fuzz-tokenizer:
+	@mkdir -p build-fuzz/corpus-tokenizer
+	clang -std=c11 -D_GNU_SOURCE -DMHA_LIBFUZZER -DMHA_HAVE_CJSON -DMHA_HAVE_UTF8PROC -g -O1 \
+	    -Iinclude -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+	    tests/fuzz/fuzz_tokenizer.c $(FUZZ_LIB_SRC) $(wildcard src/text/*.c) -lcjson -lutf8proc \
+	    -lm -o build-fuzz/fuzz_tokenizer
+	build-fuzz/fuzz_tokenizer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
+	    -malloc_limit_mb=512 -artifact_prefix=build-fuzz/ build-fuzz/corpus-tokenizer \
+	    tests/corpus/tokenizer
 
 # The CLI's argument-parsing fuzz target (tests/fuzz/fuzz_cli_args.c) drives
 # the real dispatcher: cli/main.c is built once more with main renamed.

@@ -22,6 +22,8 @@ int cli_grad(int argc, char **argv);
 int cli_grad_layer(int argc, char **argv);
 /* `mha train` (cli/train.c). */
 int cli_train(int argc, char **argv);
+/* `mha tokenize` (cli/tokenize.c). */
+int cli_tokenize(int argc, char **argv);
 
 /* Writes the seed example's per-head attention maps (+ average) to svg_path
  * and png_path (either may be NULL; the PNG is skipped with a note when the

@@ -16,6 +16,7 @@ static const struct {
     {"viz", cli_viz, "render attention maps as SVG and PNG"},
     {"grad", cli_grad, "gradients of nn.MultiheadAttention for an upstream gradient"},
     {"train", cli_train, "train a small Transformer on a digit task (AdamW, checkpoints)"},
+    {"tokenize", cli_tokenize, "WordPiece ids of texts, as the model's tokenizer.json gives them"},
 };
 
 static void usage(FILE *f) {

@@ -1089,6 +1089,56 @@ MHA_API mha_status mha_safetensors_write(const char *path, const char *const *na
                                          const char *const *meta_keys,
                                          const char *const *meta_values, int64_t n_meta);
 
+/* ------------------------------------------------------------------------ */
+/* Text: WordPiece tokenizer (src/text/, docs/models.md "Tokenizer")         */
+/* ------------------------------------------------------------------------ */
+
+/* A BERT tokenizer read from a Hugging Face tokenizer.json, giving the ids
+ * the `tokenizers` library gives: added (special) tokens matched in the raw
+ * text, case-sensitively, anywhere ("foo[MASK]bar"); BertNormalizer
+ * (clean_text, handle_chinese_chars, strip_accents, lowercase);
+ * BertPreTokenizer; WordPiece; the TemplateProcessing or BertProcessing
+ * post-processor ([CLS] ... [SEP]).  The file's "truncation" and "padding"
+ * blocks are ignored (max_length is the caller's, as sentence-transformers
+ * overrides them).  Immutable once opened: concurrent encodes are safe. */
+typedef struct mha_tokenizer mha_tokenizer;
+
+/* Loads tokenizer.json.  Components other than the ones above (BPE,
+ * Unigram, other normalizers, normalized/lstrip/rstrip/single_word added
+ * tokens) are refused with MHA_ERR_UNSUPPORTED naming them, as is every
+ * file when the build lacks libcjson or utf8proc; a file that is not JSON,
+ * or whose fields have the wrong type or ids outside the vocab, is
+ * MHA_ERR_FORMAT; an unreadable one MHA_ERR_IO.  *tok is NULL on failure.
+ * Free with mha_tokenizer_free (accepts NULL). */
+MHA_API mha_status mha_tokenizer_open(mha_tokenizer **tok, const char *tokenizer_json_path);
+MHA_API void mha_tokenizer_free(mha_tokenizer *tok);
+
+/* Tokenizes text[0..len) (UTF-8; NUL bytes are data, not an end; bytes
+ * that are not UTF-8 count as U+FFFD, which clean_text deletes) into
+ * ids[0..*n) = the post-processor's head ([CLS]), the text's tokens, its
+ * tail ([SEP]).  max_length > 0 truncates to that many ids in all, keeping
+ * the first max_length - mha_tokenizer_num_special() tokens (as
+ * sentence-transformers does with max_seq_length); max_length <= 0 keeps
+ * everything; 0 < max_length < num_special is MHA_ERR_VALUE.  An empty or
+ * blank text gives the specials alone ([CLS] [SEP]).  When capacity is
+ * less than the ids needed, nothing is written, *n is the need and the
+ * status MHA_ERR_SHAPE (ids may be NULL with capacity 0 to ask).  A typed
+ * "[PAD]" is a real token (id 0 for BERT): never derive an attention mask
+ * from id == 0. */
+MHA_API mha_status mha_tokenizer_encode(const mha_tokenizer *tok, const char *text, size_t len,
+                                        int64_t max_length, int32_t *ids, int64_t capacity,
+                                        int64_t *n);
+
+/* V: ids are 0..V-1 (0 for NULL). */
+MHA_API int64_t mha_tokenizer_vocab_size(const mha_tokenizer *tok);
+/* The token of an id ("hello", "##ing", "[CLS]"), owned by tok; NULL if out
+ * of range. */
+MHA_API const char *mha_tokenizer_id_to_token(const mha_tokenizer *tok, int32_t id);
+/* The id of a vocab token (exact bytes), or -1. */
+MHA_API int32_t mha_tokenizer_token_to_id(const mha_tokenizer *tok, const char *token);
+/* Ids the post-processor adds around every text (2 for BERT). */
+MHA_API int64_t mha_tokenizer_num_special(const mha_tokenizer *tok);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs the optional libraries mha uses (Debian/Ubuntu), once.
 # Without root or apt-get it only reports: the build then uses its fallbacks.
-pkgs="libopenblas-dev libcjson-dev libpng-dev"
+pkgs="libopenblas-dev libcjson-dev libpng-dev libutf8proc-dev"
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"

@@ -108,3 +108,36 @@ mha_causal fixture_causal(const fixture *f, const char *key) {
         return MHA_CAUSAL_OFFSET;
     return MHA_CAUSAL_NONE;
 }
+
+static int status_named(const char *name) {
+    static const struct {
+        const char *name;
+        mha_status st;
+    } map[] = {{"FORMAT", MHA_ERR_FORMAT},           {"OVERFLOW", MHA_ERR_OVERFLOW},
+               {"UNSUPPORTED", MHA_ERR_UNSUPPORTED}, {"IO", MHA_ERR_IO},
+               {"DTYPE", MHA_ERR_DTYPE},             {"SHAPE", MHA_ERR_SHAPE}};
+    for (size_t i = 0; i < sizeof map / sizeof *map; i++)
+        if (!strcmp(name, map[i].name))
+            return (int)map[i].st;
+    return -1;
+}
+
+bool fixture_corpus_next(FILE *f, char *line, char *file, int *status, const char **needle) {
+    while (fgets(line, 1024, f)) {
+        if (line[0] == '#' || line[0] == '\n')
+            continue;
+        line[strcspn(line, "\n")] = 0;
+        char stname[32];
+        int used = 0;
+        if (sscanf(line, "%95s %31s %n", file, stname, &used) != 2) {
+            file[0] = 0;
+            *status = -1;
+            *needle = line;
+            return true;
+        }
+        *status = status_named(stname);
+        *needle = line + used;
+        return true;
+    }
+    return false;
+}

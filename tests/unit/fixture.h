@@ -47,4 +47,11 @@ const mha_tensor *fixture_optional(const fixture *f, const char *file, int want,
 /* The causal mode a config names: none | top_left | bottom_right | offset. */
 mha_causal fixture_causal(const fixture *f, const char *key);
 
+/* The next entry of a malformed-corpus table (tests/corpus/NAME.txt lines
+ * "FILE STATUS message-substring"; '#' lines and blank ones skipped):
+ * file (96 bytes), the status named (FORMAT, OVERFLOW, UNSUPPORTED, IO,
+ * DTYPE, SHAPE; -1 for another word or a line that does not parse, with
+ * file "") and *needle pointing into line (1024 bytes).  False at the end. */
+bool fixture_corpus_next(FILE *f, char *line, char *file, int *status, const char **needle);
+
 #endif

@@ -51,6 +51,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -1088,6 +1089,32 @@ MHA_API mha_status mha_safetensors_write(const char *path, const char *const *na
                                          const mha_tensor *const *tensors, int64_t n,
                                          const char *const *meta_keys,
                                          const char *const *meta_values, int64_t n_meta);
+
+/* Safe file output: every file mha writes (.npy, safetensors, checkpoints)
+ * goes through this writer, and programs may use it for their own files.
+ * A regular-file target (or a new path) is written to a temporary beside
+ * it, flushed, fsynced and renamed over it, then the directory is fsynced,
+ * so the path holds either the old file or the complete new one and a
+ * reader mapping the old file keeps its bytes.  A symlink to a regular file
+ * is written through (the file it names is replaced; the link stays).  A
+ * non-regular target (device, FIFO, terminal) or a path under /dev/ or
+ * /proc/ is written directly.  A failure removes only the temporary; the
+ * target is never deleted.  See docs/formats.md, "Writing files".
+ *
+ *   mha_safe_file *f;
+ *   if (mha_safe_file_open(&f, path) == MHA_OK) {
+ *       fprintf(mha_safe_file_stream(f), "...");
+ *       st = mha_safe_file_close(f, 1);      // MHA_ERR_IO when any step failed
+ *   }
+ */
+typedef struct mha_safe_file mha_safe_file;
+MHA_API mha_status mha_safe_file_open(mha_safe_file **f, const char *path);
+/* The file's buffered stdio stream (valid until mha_safe_file_close). */
+MHA_API FILE *mha_safe_file_stream(mha_safe_file *f);
+/* keep = 1: finishes the file (flush, fsync, rename); MHA_ERR_IO naming the
+ * path when a write or any later step failed.  keep = 0: abandons it.
+ * Either way f is freed and the temporary is gone.  NULL: no-op. */
+MHA_API mha_status mha_safe_file_close(mha_safe_file *f, int keep);
 
 #ifdef __cplusplus
 }

@@ -1018,9 +1018,31 @@ MHA_API void mha_model_zero_grad(mha_model *model);
 MHA_API mha_status mha_model_save(const mha_model *model, const char *path,
                                   const char *optim_path, const mha_adamw *opt, int64_t step,
                                   uint64_t seed);
+/* What a checkpoint records about its run beside the weights. */
+typedef struct mha_checkpoint_info {
+    int64_t step;                  /* optimiser steps taken                   */
+    uint64_t seed;
+    uint64_t run_id;               /* random per fresh run, kept across resumes
+                                      ("run_id", 16 hex digits; 0: none)     */
+    int64_t n_extra;               /* more "__metadata__" pairs for the model
+                                      file (the CLI stores its run flags)    */
+    const char *const *extra_keys; /* n_extra keys, not the built-in ones    */
+    const char *const *extra_values;
+} mha_checkpoint_info;
+/* mha_model_save with a run id and extra metadata.  The model and optimiser
+ * files are one unit: both carry the step and run id; both are written to
+ * temporaries and synced, then renamed (optimiser first), so a failure
+ * changes neither file and an interrupted save leaves a pair that
+ * mha_model_load refuses. */
+MHA_API mha_status mha_model_save_checkpoint(const mha_model *model, const char *path,
+                                             const char *optim_path, const mha_adamw *opt,
+                                             const mha_checkpoint_info *info);
 /* Rebuilds a model from a checkpoint (and, with optim_path, initialises
  * *opt, which must not hold an allocation, with the saved moments, step
- * and options).  *step / *seed (may be NULL) from the metadata. */
+ * and options).  *step / *seed (may be NULL) from the metadata.  Every
+ * tensor's presence, dtype and shape is checked against the files before
+ * the model is allocated; with optim_path the two files must carry the
+ * same step and run id (MHA_ERR_FORMAT naming both files and values). */
 MHA_API mha_status mha_model_load(mha_model **model, const char *path, const char *optim_path,
                                   mha_adamw *opt, int64_t *step, uint64_t *seed);
 

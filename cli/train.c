@@ -510,10 +510,10 @@ static void flag_key(const run_flag *f, char *buf, size_t n) {
 }
 
 /* Merges the flags stored in the checkpoint `path` into flags: an omitted
- * flag takes the stored value (listed on stderr), a given one must agree.
+ * flag takes the stored value (listed on stderr, --quiet or not), a given
+ * one must agree.
  * Returns CLI_OK or CLI_BAD_INPUT (message printed). */
-static int merge_stored_flags(const char *path, run_flag *flags, int n, uint64_t *run_id,
-                              int quiet) {
+static int merge_stored_flags(const char *path, run_flag *flags, int n, uint64_t *run_id) {
     mha_safetensors *st;
     mha_status status = mha_safetensors_open(path, &st);
     if (status != MHA_OK)
@@ -547,10 +547,10 @@ static int merge_stored_flags(const char *path, run_flag *flags, int n, uint64_t
             }
         }
     }
-    if (rc == CLI_OK && !quiet && stored == 0)
+    if (rc == CLI_OK && stored == 0)
         fprintf(stderr, "mha train: %s records no run flags (an older checkpoint): the given or "
                         "default flags apply\n", path);
-    else if (rc == CLI_OK && !quiet && used)
+    else if (rc == CLI_OK && used)
         fprintf(stderr, "mha train: resuming with the checkpoint's%s\n", taken);
     mha_safetensors_free(st);
     return rc;
@@ -664,7 +664,7 @@ int cli_train(int argc, char **argv) {
     char path[4096], opath[4096];
     if (resume) { /* the stored run flags first: they decide the task's layout */
         snprintf(path, sizeof path, "%s/model.safetensors", resume);
-        int rc = merge_stored_flags(path, flags, n_flags, &run_id, quiet);
+        int rc = merge_stored_flags(path, flags, n_flags, &run_id);
         if (rc != CLI_OK)
             return rc;
     }
@@ -728,7 +728,7 @@ int cli_train(int argc, char **argv) {
     }
     if (run_id == 0) /* resuming a checkpoint from before run ids: the run gets one now */
         run_id = new_run_id();
-    if (resume && steps <= start && !quiet)
+    if (resume && steps <= start)
         fprintf(stderr, "mha train: --steps %lld is not beyond the checkpoint's step %lld: "
                         "nothing to train\n", (long long)steps, (long long)start);
     const mha_model_config *c = mha_model_get_config(m);

@@ -174,24 +174,13 @@ static int step_fails(void) {
 /* Paths written directly: the kernel's own trees (/dev/stdout, /proc/self/fd/N). */
 static int kernel_path(const char *p) { return !strncmp(p, "/dev/", 5) || !strncmp(p, "/proc/", 6); }
 
-static char *dup_string(const char *s) {
-    size_t n = strlen(s) + 1;
-    char *d = mha_malloc(n);
-    if (d)
-        memcpy(d, s, n);
-    return d;
-}
-
-/* Creates the temporary beside w->target; fd and w->tmp on success. */
+/* Creates the temporary beside w->target; w->fd and w->tmp on success. */
 static mha_status create_temporary(mha_wfile *w, const struct stat *old) {
     static _Atomic unsigned serial;
     const char *slash = strrchr(w->target, '/');
     size_t dirlen = slash ? (size_t)(slash - w->target) + 1 : 0;
-    size_t cap = strlen(w->target) + 64;
-    w->tmp = mha_malloc(cap);
-    MHA_CHECK(w->tmp != NULL, MHA_ERR_NOMEM, "%s: cannot allocate", w->name);
     for (int attempt = 0;; attempt++) {
-        snprintf(w->tmp, cap, "%.*s.%s.%ld.%u.mha-tmp", (int)dirlen, w->target,
+        snprintf(w->tmp, sizeof w->tmp, "%.*s.%s.%ld.%u.mha-tmp", (int)dirlen, w->target,
                  w->target + dirlen, (long)getpid(), atomic_fetch_add(&serial, 1));
         int fd = step_fails() ? -1 : open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (fd >= 0) {
@@ -202,8 +191,7 @@ static mha_status create_temporary(mha_wfile *w, const struct stat *old) {
         }
         if (errno != EEXIST || attempt == 100) { /* GCOVR_EXCL_BR_LINE: 100 name clashes */
             int e = errno;
-            mha_free(w->tmp);
-            w->tmp = NULL;
+            w->tmp[0] = '\0';
             return mha_error(MHA_ERR_IO, "%s: cannot create a temporary beside it: %s", w->name,
                              strerror(e));
         }
@@ -226,17 +214,14 @@ mha_status mha_wfile_create(mha_wfile *w, const char *path) {
         w->fd = fd;
         return MHA_OK;
     }
-    char resolved[PATH_MAX];
-    if (exists && !realpath(path, resolved)) /* GCOVR_EXCL_BR_LINE: raced away */
-        return mha_error(MHA_ERR_IO, "%s: cannot resolve: %s", path, strerror(errno));
-    w->target = dup_string(exists ? resolved : path);
-    MHA_CHECK(w->target != NULL, MHA_ERR_NOMEM, "%s: cannot allocate", path);
-    mha_status st = create_temporary(w, exists ? &sb : NULL);
-    if (st != MHA_OK) {
-        mha_free(w->target);
-        w->target = NULL;
+    if (exists) {
+        MHA_CHECK(realpath(path, w->target) != NULL, MHA_ERR_IO, /* GCOVR_EXCL_BR_LINE: raced */
+                  "%s: cannot resolve: %s", path, strerror(errno));
+    } else {
+        MHA_CHECK(strlen(path) < sizeof w->target, MHA_ERR_IO, "%s: path too long", path);
+        snprintf(w->target, sizeof w->target, "%s", path);
     }
-    return st;
+    return create_temporary(w, exists ? &sb : NULL);
 }
 
 /* Writes all n bytes to w->fd, retrying short writes and EINTR; each
@@ -335,7 +320,7 @@ static int sync_directory(const char *path) {
 
 mha_status mha_wfile_commit(mha_wfile *w) {
     mha_status st = mha_wfile_sync(w);
-    if (st != MHA_OK || w->direct || !w->tmp)
+    if (st != MHA_OK || w->direct || !w->tmp[0])
         return st;
     if (step_fails() || rename(w->tmp, w->target) != 0) {
         int e = errno;
@@ -343,8 +328,7 @@ mha_status mha_wfile_commit(mha_wfile *w) {
         return mha_error(MHA_ERR_IO, "%s: cannot replace it with the new file: %s", w->name,
                          strerror(e));
     }
-    mha_free(w->tmp);
-    w->tmp = NULL; /* it is the target now */
+    w->tmp[0] = '\0'; /* it is the target now */
     MHA_CHECK(sync_directory(w->target) == 0, MHA_ERR_IO,
               "%s: written, but syncing its directory failed: %s", w->name, strerror(errno));
     return MHA_OK;
@@ -360,14 +344,13 @@ void mha_wfile_discard(mha_wfile *w) {
     }
     w->fp = NULL;
     w->fd = -1;
-    if (w->tmp)
+    if (w->tmp[0])
         unlink(w->tmp); /* ours (O_EXCL): the only path a failure removes */
-    mha_free(w->tmp), mha_free(w->target);
-    w->tmp = w->target = NULL;
+    w->tmp[0] = '\0';
 }
 
 mha_status mha_wfile_finish(mha_wfile *w, int keep) {
-    if (w->fd < 0 && !w->fp && !w->tmp)
+    if (w->fd < 0 && !w->fp && !w->tmp[0])
         return MHA_OK; /* finished already */
     mha_status st = w->failed ? MHA_ERR_IO : MHA_OK;
     if (keep && st == MHA_OK)

@@ -12,6 +12,7 @@
 
 #include "../internal.h"
 
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -56,8 +57,9 @@ typedef struct mha_wfile {
     int failed;              /* a step failed: the new file is not kept      */
     int err;                 /* errno of the first failed write              */
     const char *name;        /* the path as given, for messages (not owned)  */
-    char *tmp;               /* the temporary's path (owned); NULL: none     */
-    char *target;            /* the path renamed over (symlinks resolved)    */
+    char tmp[PATH_MAX + 64]; /* the temporary's path; "": none (no allocation:
+                                writing never fails for want of memory)     */
+    char target[PATH_MAX];   /* the path renamed over (symlinks resolved)    */
 } mha_wfile;
 mha_status mha_wfile_create(mha_wfile *w, const char *path);
 /* Writes n bytes (MHA_ERR_IO naming the path); after a failure every

@@ -11,6 +11,8 @@
  */
 #include "render.h"
 
+#include "mha.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -492,17 +494,27 @@ static void svg_legend(FILE *f, const layout *lo) {
     fputs("</g>\n", f);
 }
 
+/* Closes a safe file (keep: commit it) and reports a failure in err. */
+static render_status finish_file(mha_safe_file *out, int keep, char *err, size_t errlen) {
+    if (mha_safe_file_close(out, keep) != MHA_OK) {
+        set_err(err, errlen, "%s", mha_last_error());
+        return RENDER_ERR_IO;
+    }
+    return RENDER_OK;
+}
+
 render_status render_svg_write(const render_maps *m, const char *path, char *err, size_t errlen) {
     render_status st = check_maps(m, err, errlen);
     if (st)
         return st;
     layout lo;
     layout_make(m, 1, &lo);
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        set_err(err, errlen, "%s: %s", path, strerror(errno));
+    mha_safe_file *out;
+    if (mha_safe_file_open(&out, path) != MHA_OK) {
+        set_err(err, errlen, "%s", mha_last_error());
         return RENDER_ERR_IO;
     }
+    FILE *f = mha_safe_file_stream(out);
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
                "font-family=\"'Noto Sans CJK SC','Source Han Sans SC','PingFang SC','Microsoft YaHei',"
@@ -522,13 +534,7 @@ render_status render_svg_write(const render_maps *m, const char *path, char *err
         svg_panel(f, m, &lo, p);
     svg_legend(f, &lo);
     fputs("</svg>\n", f);
-    int bad = ferror(f);
-    if (fclose(f) != 0 || bad) {
-        set_err(err, errlen, "%s: write failed: %s", path, strerror(errno));
-        remove(path);
-        return RENDER_ERR_IO;
-    }
-    return RENDER_OK;
+    return finish_file(out, 1, err, errlen);
 }
 
 /* ---- raster ---------------------------------------------------------------- */
@@ -701,28 +707,27 @@ render_status render_png_write(const render_maps *m, const char *path, char *err
     render_status st = render_raster(m, &img, err, errlen);
     if (st)
         return st;
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        set_err(err, errlen, "%s: %s", path, strerror(errno));
+    mha_safe_file *out;
+    if (mha_safe_file_open(&out, path) != MHA_OK) {
+        set_err(err, errlen, "%s", mha_last_error());
         render_image_free(&img);
         return RENDER_ERR_IO;
     }
+    FILE *f = mha_safe_file_stream(out);
     png_errctx ctx = {err, errlen, path};
     png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &ctx, png_on_error, png_on_warning);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     if (!png || !info) {
         set_err(err, errlen, "%s: libpng: out of memory", path);
         png_destroy_write_struct(png ? &png : NULL, NULL);
-        fclose(f);
-        remove(path);
+        mha_safe_file_close(out, 0);
         render_image_free(&img);
         return RENDER_ERR_NOMEM;
     }
-    /* png, info, f and img are not modified after setjmp: safe to use after longjmp. */
+    /* png, info, out, f and img are not modified after setjmp: safe to use after longjmp. */
     if (setjmp(png_jmpbuf(png))) {
         png_destroy_write_struct(&png, &info);
-        fclose(f);
-        remove(path);
+        mha_safe_file_close(out, 0); /* removes only the temporary */
         render_image_free(&img);
         return RENDER_ERR_IO;
     }
@@ -741,13 +746,7 @@ render_status render_png_write(const render_maps *m, const char *path, char *err
     png_write_end(png, info);
     png_destroy_write_struct(&png, &info);
     render_image_free(&img);
-    int bad = fflush(f) != 0 || ferror(f);
-    if (fclose(f) != 0 || bad) {
-        set_err(err, errlen, "%s: write failed: %s", path, strerror(errno));
-        remove(path);
-        return RENDER_ERR_IO;
-    }
-    return RENDER_OK;
+    return finish_file(out, 1, err, errlen);
 }
 #else
 int render_png_available(void) {

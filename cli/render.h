@@ -57,11 +57,13 @@ typedef struct render_box {
 /* Number of panels: H, plus 1 for the average when H > 1. */
 int64_t render_panel_count(const render_maps *m);
 
-/* Writes the figure as SVG to path.  err (may be NULL) gets a message. */
+/* Writes the figure as SVG to path (through mha_safe_file: a failure
+ * leaves the old file, or a device/FIFO target, in place).  err (may be
+ * NULL) gets a message. */
 render_status render_svg_write(const render_maps *m, const char *path, char *err, size_t errlen);
 
 /* Writes the figure as PNG to path (RENDER_ERR_UNSUPPORTED without libpng).
- * On failure the partial file is removed. */
+ * Written like the SVG: on failure only mha's temporary is removed. */
 render_status render_png_write(const render_maps *m, const char *path, char *err, size_t errlen);
 
 /* 1 when this build can write PNG. */

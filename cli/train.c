@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -41,7 +42,8 @@ static void usage(FILE *f) {
             "                 [--heads H] [--dim E] [--ffn F] [--batch B] [--lr LR]\n"
             "                 [--min-len N] [--max-len N] [--causal] [--post-norm]\n"
             "                 [--dropout P] [--clip C] [--weight-decay W] [--eval N]\n"
-            "                 [--out DIR] [--resume DIR] [--threads N] [--quiet]\n"
+            "                 [--out DIR] [--resume DIR] [--save-every N] [--threads N]\n"
+            "                 [--quiet]\n"
             "\n"
             "Trains token + position embeddings, N Transformer encoder layers (or a\n"
             "causal decoder-only stack) and a linear head with AdamW on a digit task,\n"
@@ -64,7 +66,10 @@ static void usage(FILE *f) {
             "                        DIR/sample_tokens.npy, DIR/sample_logits.npy\n"
             "                        (default mha-train)\n"
             "  --resume DIR          continue the run checkpointed in DIR up to --steps\n"
-            "                        (its model, optimiser, step and seed); writes to --out\n"
+            "                        (its model, optimiser, step, seed and flags: an omitted\n"
+            "                        flag takes the stored value, a conflicting one is an\n"
+            "                        error); writes to --out, loss.tsv keeps its history\n"
+            "  --save-every N        also checkpoint to --out every N steps (default 0: off)\n"
             "  --eval N              held-out sequences (default 1000)\n"
             "  --threads N           threads per call (default 1: the default model's\n"
             "                        matrices are too small to split; 0 = OpenMP's\n"
@@ -142,9 +147,10 @@ static void svg_text(FILE *f, double x, double y, const char *anchor, const char
 /* steps (n) and loss (n): raw loss in light blue, a running mean in dark. */
 static int write_svg(const char *path, const int64_t *steps, const float *loss, int64_t n,
                      const char *title) {
-    FILE *f = fopen(path, "w");
-    if (!f)
+    mha_safe_file *out;
+    if (mha_safe_file_open(&out, path) != MHA_OK)
         return -1;
+    FILE *f = mha_safe_file_stream(out);
     const double W = 720, H = 400, l = 70, r = 20, t = 40, b = 50;
     double lo = INFINITY, hi = -INFINITY;
     for (int64_t i = 0; i < n; i++)
@@ -196,7 +202,18 @@ static int write_svg(const char *path, const int64_t *steps, const float *loss, 
     fprintf(f, "</svg>\n");
 #undef PX
 #undef PY
-    return fclose(f) == 0 ? 0 : -1;
+    return mha_safe_file_close(out, 1) == MHA_OK ? 0 : -1;
+}
+
+/* DIR/loss.tsv: "step\tloss" lines.  0, or -1 with mha_last_error() set. */
+static int write_losses(const char *path, const int64_t *steps, const float *loss, int64_t n) {
+    mha_safe_file *out;
+    if (mha_safe_file_open(&out, path) != MHA_OK)
+        return -1;
+    FILE *f = mha_safe_file_stream(out);
+    for (int64_t i = 0; i < n; i++)
+        fprintf(f, "%lld\t%.9g\n", (long long)steps[i], (double)loss[i]);
+    return mha_safe_file_close(out, 1) == MHA_OK ? 0 : -1;
 }
 
 /* ---- the loss curve as PNG (libpng's simplified API), when the build has it ---------- */
@@ -297,7 +314,12 @@ static int write_png(const char *path, const int64_t *steps, const float *loss, 
     img.version = PNG_IMAGE_VERSION;
     img.width = (png_uint_32)c.w, img.height = (png_uint_32)c.h;
     img.format = PNG_FORMAT_RGB;
-    int ok = png_image_write_to_file(&img, path, 0, c.rgb, 0, NULL);
+    mha_safe_file *out;
+    int ok = mha_safe_file_open(&out, path) == MHA_OK;
+    if (ok) {
+        ok = png_image_write_to_stdio(&img, mha_safe_file_stream(out), 0, c.rgb, 0, NULL);
+        ok = mha_safe_file_close(out, ok) == MHA_OK && ok;
+    }
     png_image_free(&img);
     free(c.rgb);
     return ok ? 0 : -1;
@@ -439,13 +461,156 @@ static mha_status evaluate(mha_model *m, const task *t, uint64_t seed, int64_t n
     return st;
 }
 
+/* ---- the run's flags, stored in the checkpoint --------------------------------------- */
+
+/* A flag that shapes the run.  Its value is kept as text in the model
+ * file's metadata under "train.<name>"; a resume takes an omitted flag from
+ * there and refuses a conflicting one. */
+typedef struct run_flag {
+    const char *flag;             /* "--task"                                    */
+    int64_t *i;                   /* exactly one of i, d, b points at the value  */
+    double *d;
+    int *b;
+    const char *const *names;     /* b: the words for 0 and 1 (NULL: "0"/"1")    */
+    int given;                    /* on the command line                         */
+} run_flag;
+
+static void flag_text(const run_flag *f, char *buf, size_t n) {
+    if (f->i)
+        snprintf(buf, n, "%lld", (long long)*f->i);
+    else if (f->d) { /* the shortest text that reads back exactly */
+        snprintf(buf, n, "%.15g", *f->d);
+        if (strtod(buf, NULL) != *f->d)
+            snprintf(buf, n, "%.17g", *f->d);
+    }
+    else
+        snprintf(buf, n, "%s", f->names ? f->names[*f->b != 0] : *f->b ? "1" : "0");
+}
+
+/* Sets the flag from stored text; -1 when the text is not a value of it. */
+static int flag_set(const run_flag *f, const char *text) {
+    char *end;
+    if (f->i) {
+        long long x = strtoll(text, &end, 10);
+        *f->i = x;
+    } else if (f->d) {
+        *f->d = strtod(text, &end);
+    } else {
+        const char *no = f->names ? f->names[0] : "0", *yes = f->names ? f->names[1] : "1";
+        if (strcmp(text, no) && strcmp(text, yes))
+            return -1;
+        *f->b = !strcmp(text, yes);
+        return 0;
+    }
+    return *text && !*end ? 0 : -1;
+}
+
+static void flag_key(const run_flag *f, char *buf, size_t n) {
+    snprintf(buf, n, "train.%s", f->flag + 2);
+}
+
+/* Merges the flags stored in the checkpoint `path` into flags: an omitted
+ * flag takes the stored value (listed on stderr, --quiet or not), a given
+ * one must agree.
+ * Returns CLI_OK or CLI_BAD_INPUT (message printed). */
+static int merge_stored_flags(const char *path, run_flag *flags, int n, uint64_t *run_id) {
+    mha_safetensors *st;
+    mha_status status = mha_safetensors_open(path, &st);
+    if (status != MHA_OK)
+        return cli_fail("train", status, path);
+    const char *run = mha_safetensors_metadata(st, "run_id");
+    if (run)
+        *run_id = strtoull(run, NULL, 16);
+    char taken[1024] = "", key[64], given[64];
+    size_t used = 0;
+    int rc = CLI_OK, stored = 0;
+    for (int k = 0; k < n && rc == CLI_OK; k++) {
+        run_flag *f = &flags[k];
+        flag_key(f, key, sizeof key);
+        const char *v = mha_safetensors_metadata(st, key);
+        if (!v)
+            continue;
+        stored++;
+        flag_text(f, given, sizeof given);
+        if (f->given && strcmp(v, given) != 0) {
+            fprintf(stderr, "mha train: %s %s conflicts with the checkpoint's %s %s (%s); "
+                            "omit the flag to continue the run as it was\n",
+                    f->flag, given, f->flag, v, path);
+            rc = CLI_BAD_INPUT;
+        } else if (!f->given) {
+            if (flag_set(f, v) != 0) {
+                fprintf(stderr, "mha train: %s: metadata %s = '%s' is not a value of %s\n", path,
+                        key, v, f->flag);
+                rc = CLI_BAD_INPUT;
+            } else if (used < sizeof taken) {
+                used += (size_t)snprintf(taken + used, sizeof taken - used, " %s %s", f->flag, v);
+            }
+        }
+    }
+    if (rc == CLI_OK && stored == 0)
+        fprintf(stderr, "mha train: %s records no run flags (an older checkpoint): the given or "
+                        "default flags apply\n", path);
+    else if (rc == CLI_OK && used)
+        fprintf(stderr, "mha train: resuming with the checkpoint's%s\n", taken);
+    mha_safetensors_free(st);
+    return rc;
+}
+
+/* A run id for a fresh run: random (getrandom), never 0. */
+static uint64_t new_run_id(void) {
+    uint64_t id = 0;
+    if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id)
+        id = mix64((uint64_t)time(NULL) ^ mix64((uint64_t)getpid()) ^ (uint64_t)(uintptr_t)&id);
+    return id ? id : 1;
+}
+
+/* The run's checkpoint in dir: model + optimiser (one unit: same step and
+ * run id), then loss.tsv (history up to that step).  CLI_OK or the failure's
+ * exit code (message printed). */
+static int save_checkpoint(const char *dir, mha_model *m, const mha_adamw *opt, int64_t step,
+                           uint64_t seed, uint64_t run_id, const run_flag *flags, int n_flags,
+                           const int64_t *hist_step, const float *hist_loss, int64_t n_hist) {
+    char path[4096], opath[4096];
+    char keys[32][64], vals[32][64];
+    const char *kp[32], *vp[32];
+    for (int k = 0; k < n_flags && k < 32; k++) {
+        flag_key(&flags[k], keys[k], sizeof keys[k]);
+        flag_text(&flags[k], vals[k], sizeof vals[k]);
+        kp[k] = keys[k], vp[k] = vals[k];
+    }
+    mha_checkpoint_info info = {step, seed, run_id, n_flags < 32 ? n_flags : 32, kp, vp};
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(opath, sizeof opath, "%s/optimizer.safetensors", dir);
+    mha_status st = mha_model_save_checkpoint(m, path, opath, opt, &info);
+    if (st != MHA_OK)
+        return cli_fail("train", st, path);
+    snprintf(path, sizeof path, "%s/loss.tsv", dir);
+    if (write_losses(path, hist_step, hist_loss, n_hist) != 0) {
+        fprintf(stderr, "mha train: %s\n", mha_last_error());
+        return CLI_INTERNAL;
+    }
+    return CLI_OK;
+}
+
 int cli_train(int argc, char **argv) {
     const char *cmd = "train", *out_dir = "mha-train", *resume = NULL;
     int64_t steps = 600, seed = 1, layers = 2, heads = 4, dim = 64, ffn = 128, batch = 32;
-    int64_t min_len = 8, max_len = 12, n_eval = 1000, threads = 1;
+    int64_t min_len = 8, max_len = 12, n_eval = 1000, threads = 1, save_every = 0;
     double lr = 3e-3, dropout = 0.0, clip = 1.0, wd = 1e-2;
     int causal = 0, post_norm = 0, quiet = 0;
     task t = {0, 0, 0, 0, 0, 0};
+    static const char *const task_names[2] = {"reverse", "sort"};
+    run_flag flags[] = {
+        {"--task", NULL, NULL, &t.sort, task_names, 0}, {"--seed", &seed, NULL, NULL, NULL, 0},
+        {"--batch", &batch, NULL, NULL, NULL, 0},       {"--min-len", &min_len, NULL, NULL, NULL, 0},
+        {"--max-len", &max_len, NULL, NULL, NULL, 0},   {"--layers", &layers, NULL, NULL, NULL, 0},
+        {"--heads", &heads, NULL, NULL, NULL, 0},       {"--dim", &dim, NULL, NULL, NULL, 0},
+        {"--ffn", &ffn, NULL, NULL, NULL, 0},           {"--lr", NULL, &lr, NULL, NULL, 0},
+        {"--dropout", NULL, &dropout, NULL, NULL, 0},   {"--clip", NULL, &clip, NULL, NULL, 0},
+        {"--weight-decay", NULL, &wd, NULL, NULL, 0},   {"--causal", NULL, NULL, &causal, NULL, 0},
+        {"--post-norm", NULL, NULL, &post_norm, NULL, 0},
+    };
+    const int n_flags = (int)(sizeof flags / sizeof *flags);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0, takes = 1;
@@ -472,6 +637,7 @@ int cli_train(int argc, char **argv) {
         else if (!strcmp(a, "--max-len")) rc = parse_i64(cmd, a, v, 1, 256, &max_len);
         else if (!strcmp(a, "--eval")) rc = parse_i64(cmd, a, v, 1, 1000000, &n_eval);
         else if (!strcmp(a, "--threads")) rc = parse_i64(cmd, a, v, 0, 1024, &threads);
+        else if (!strcmp(a, "--save-every")) rc = parse_i64(cmd, a, v, 0, 100000000, &save_every);
         else if (!strcmp(a, "--lr")) rc = parse_f(cmd, a, v, 0, 10, &lr);
         else if (!strcmp(a, "--dropout")) rc = parse_f(cmd, a, v, 0, 0.99, &dropout);
         else if (!strcmp(a, "--clip")) rc = parse_f(cmd, a, v, 0, 1e9, &clip);
@@ -490,7 +656,17 @@ int cli_train(int argc, char **argv) {
         }
         if (rc)
             return CLI_BAD_INPUT;
+        for (int k = 0; k < n_flags; k++)
+            flags[k].given |= !strcmp(a, flags[k].flag);
         i += takes;
+    }
+    uint64_t run_id = 0;
+    char path[4096], opath[4096];
+    if (resume) { /* the stored run flags first: they decide the task's layout */
+        snprintf(path, sizeof path, "%s/model.safetensors", resume);
+        int rc = merge_stored_flags(path, flags, n_flags, &run_id);
+        if (rc != CLI_OK)
+            return rc;
     }
     if (min_len > max_len) {
         fprintf(stderr, "mha train: --min-len %lld exceeds --max-len %lld\n", (long long)min_len,
@@ -516,7 +692,6 @@ int cli_train(int argc, char **argv) {
     int64_t start = 0;
     uint64_t useed = (uint64_t)seed;
     mha_status st;
-    char path[4096], opath[4096];
     if (resume) {
         snprintf(path, sizeof path, "%s/model.safetensors", resume);
         snprintf(opath, sizeof opath, "%s/optimizer.safetensors", resume);
@@ -549,7 +724,13 @@ int cli_train(int argc, char **argv) {
             mha_model_free(m);
             return cli_fail(cmd, st, "model");
         }
+        run_id = new_run_id();
     }
+    if (run_id == 0) /* resuming a checkpoint from before run ids: the run gets one now */
+        run_id = new_run_id();
+    if (resume && steps <= start)
+        fprintf(stderr, "mha train: --steps %lld is not beyond the checkpoint's step %lld: "
+                        "nothing to train\n", (long long)steps, (long long)start);
     const mha_model_config *c = mha_model_get_config(m);
     if (!quiet)
         fprintf(stderr,
@@ -561,7 +742,7 @@ int cli_train(int argc, char **argv) {
                 (long long)batch, (long long)start, (long long)steps,
                 (unsigned long long)useed);
 
-    const int64_t T = t.T, cap = steps + 1;
+    const int64_t T = t.T, cap = (steps > start ? steps : start) + 1;
     int64_t *tok = malloc(sizeof(int64_t) * (size_t)(batch * T));
     int64_t *tgt = malloc(sizeof(int64_t) * (size_t)(batch * T));
     int64_t *hist_step = malloc(sizeof(int64_t) * (size_t)cap);
@@ -594,6 +775,16 @@ int cli_train(int argc, char **argv) {
         if (n_hist < cap)
             hist_step[n_hist] = s + 1, hist_loss[n_hist++] = loss;
         tokens_seen += batch * T;
+        if (st == MHA_OK && save_every && (s + 1) % save_every == 0 && s + 1 < steps) {
+            opt.opt.lr = base_lr; /* the checkpoint keeps the peak rate */
+            int src = save_checkpoint(out_dir, m, &opt, s + 1, useed, run_id, flags, n_flags,
+                                      hist_step, hist_loss, n_hist);
+            if (src != CLI_OK) {
+                free(tok), free(tgt), free(hist_step), free(hist_loss);
+                mha_model_free(m), mha_adamw_release(&opt);
+                return src;
+            }
+        }
         double el = now() - t0;
         if (!quiet && (el - last_print > (tty ? 0.2 : 5.0) || s + 1 == steps)) {
             progress(s + 1, steps, start, loss, tokens_seen / fmax(el, 1e-9), el, tty);
@@ -618,33 +809,23 @@ int cli_train(int argc, char **argv) {
     int rc = CLI_OK;
     if (st != MHA_OK)
         rc = cli_fail(cmd, st, "evaluation");
-    snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
-    snprintf(opath, sizeof opath, "%s/optimizer.safetensors", out_dir);
-    if (rc == CLI_OK && (st = mha_model_save(m, path, opath, &opt, steps > start ? steps : start,
-                                             useed)) != MHA_OK)
-        rc = cli_fail(cmd, st, path);
+    if (rc == CLI_OK)
+        rc = save_checkpoint(out_dir, m, &opt, steps > start ? steps : start, useed, run_id, flags,
+                             n_flags, hist_step, hist_loss, n_hist);
     if (rc == CLI_OK) {
-        snprintf(path, sizeof path, "%s/loss.tsv", out_dir);
-        FILE *f = fopen(path, "w");
-        for (int64_t i = 0; f && i < n_hist; i++)
-            fprintf(f, "%lld\t%.9g\n", (long long)hist_step[i], (double)hist_loss[i]);
-        if (!f || fclose(f) != 0) {
-            fprintf(stderr, "mha train: cannot write %s\n", path);
-            rc = CLI_INTERNAL;
-        }
         char title[160];
         snprintf(title, sizeof title, "mha train: %s, %lld layers, dim %lld, seed %llu",
                  t.sort ? "sort" : "reverse", (long long)c->layers, (long long)c->dim,
                  (unsigned long long)useed);
         snprintf(path, sizeof path, "%s/loss.svg", out_dir);
         if (rc == CLI_OK && write_svg(path, hist_step, hist_loss, n_hist, title) != 0) {
-            fprintf(stderr, "mha train: cannot write %s\n", path);
+            fprintf(stderr, "mha train: %s\n", mha_last_error());
             rc = CLI_INTERNAL;
         }
 #ifdef MHA_HAVE_PNG
         snprintf(path, sizeof path, "%s/loss.png", out_dir);
         if (rc == CLI_OK && write_png(path, hist_step, hist_loss, n_hist) != 0) {
-            fprintf(stderr, "mha train: cannot write %s\n", path);
+            fprintf(stderr, "mha train: cannot write %s (%s)\n", path, mha_last_error());
             rc = CLI_INTERNAL;
         }
 #endif

@@ -51,6 +51,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -1017,9 +1018,31 @@ MHA_API void mha_model_zero_grad(mha_model *model);
 MHA_API mha_status mha_model_save(const mha_model *model, const char *path,
                                   const char *optim_path, const mha_adamw *opt, int64_t step,
                                   uint64_t seed);
+/* What a checkpoint records about its run beside the weights. */
+typedef struct mha_checkpoint_info {
+    int64_t step;                  /* optimiser steps taken                   */
+    uint64_t seed;
+    uint64_t run_id;               /* random per fresh run, kept across resumes
+                                      ("run_id", 16 hex digits; 0: none)     */
+    int64_t n_extra;               /* more "__metadata__" pairs for the model
+                                      file (the CLI stores its run flags)    */
+    const char *const *extra_keys; /* n_extra keys, not the built-in ones    */
+    const char *const *extra_values;
+} mha_checkpoint_info;
+/* mha_model_save with a run id and extra metadata.  The model and optimiser
+ * files are one unit: both carry the step and run id; both are written to
+ * temporaries and synced, then renamed (optimiser first), so a failure
+ * changes neither file and an interrupted save leaves a pair that
+ * mha_model_load refuses. */
+MHA_API mha_status mha_model_save_checkpoint(const mha_model *model, const char *path,
+                                             const char *optim_path, const mha_adamw *opt,
+                                             const mha_checkpoint_info *info);
 /* Rebuilds a model from a checkpoint (and, with optim_path, initialises
  * *opt, which must not hold an allocation, with the saved moments, step
- * and options).  *step / *seed (may be NULL) from the metadata. */
+ * and options).  *step / *seed (may be NULL) from the metadata.  Every
+ * tensor's presence, dtype and shape is checked against the files before
+ * the model is allocated; with optim_path the two files must carry the
+ * same step and run id (MHA_ERR_FORMAT naming both files and values). */
 MHA_API mha_status mha_model_load(mha_model **model, const char *path, const char *optim_path,
                                   mha_adamw *opt, int64_t *step, uint64_t *seed);
 
@@ -1138,6 +1161,32 @@ MHA_API const char *mha_tokenizer_id_to_token(const mha_tokenizer *tok, int32_t 
 MHA_API int32_t mha_tokenizer_token_to_id(const mha_tokenizer *tok, const char *token);
 /* Ids the post-processor adds around every text (2 for BERT). */
 MHA_API int64_t mha_tokenizer_num_special(const mha_tokenizer *tok);
+
+/* Safe file output: every file mha writes (.npy, safetensors, checkpoints)
+ * goes through this writer, and programs may use it for their own files.
+ * A regular-file target (or a new path) is written to a temporary beside
+ * it, flushed, fsynced and renamed over it, then the directory is fsynced,
+ * so the path holds either the old file or the complete new one and a
+ * reader mapping the old file keeps its bytes.  A symlink to a regular file
+ * is written through (the file it names is replaced; the link stays).  A
+ * non-regular target (device, FIFO, terminal) or a path under /dev/ or
+ * /proc/ is written directly.  A failure removes only the temporary; the
+ * target is never deleted.  See docs/formats.md, "Writing files".
+ *
+ *   mha_safe_file *f;
+ *   if (mha_safe_file_open(&f, path) == MHA_OK) {
+ *       fprintf(mha_safe_file_stream(f), "...");
+ *       st = mha_safe_file_close(f, 1);      // MHA_ERR_IO when any step failed
+ *   }
+ */
+typedef struct mha_safe_file mha_safe_file;
+MHA_API mha_status mha_safe_file_open(mha_safe_file **f, const char *path);
+/* The file's buffered stdio stream (valid until mha_safe_file_close). */
+MHA_API FILE *mha_safe_file_stream(mha_safe_file *f);
+/* keep = 1: finishes the file (flush, fsync, rename); MHA_ERR_IO naming the
+ * path when a write or any later step failed.  keep = 0: abandons it.
+ * Either way f is freed and the temporary is gone.  NULL: no-op. */
+MHA_API mha_status mha_safe_file_close(mha_safe_file *f, int keep);
 
 #ifdef __cplusplus
 }

@@ -27,6 +27,7 @@
  * Backward: the same list reversed (dlogits = (p - onehot) / count).
  */
 #include "layers.h"
+#include "io/io.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -535,17 +536,62 @@ static void meta_add_u64(meta *m, const char *k, uint64_t x) {
     m->n++;
 }
 
+/* The run id as metadata: 16 hex digits. */
+static void run_id_string(uint64_t id, char out[17]) {
+    snprintf(out, 17, "%016llx", (unsigned long long)id);
+}
+
+/* keys/values of md followed by the caller's extra pairs (one allocation). */
+static mha_status meta_merge(const meta *md, const mha_checkpoint_info *info, const char ***keys,
+                             const char ***values, int64_t *n) {
+    int64_t extra = info->n_extra > 0 ? info->n_extra : 0;
+    MHA_CHECK(extra == 0 || (info->extra_keys && info->extra_values), MHA_ERR_NULL,
+              "checkpoint: NULL extra metadata");
+    for (int64_t i = 0; i < extra; i++) {
+        MHA_CHECK(info->extra_keys[i] && info->extra_values[i], MHA_ERR_NULL,
+                  "checkpoint: extra metadata %lld: NULL key or value", (long long)i);
+        for (int j = 0; j < md->n; j++)
+            MHA_CHECK(strcmp(info->extra_keys[i], md->k[j]) != 0, MHA_ERR_VALUE,
+                      "checkpoint: extra metadata key '%s' is the checkpoint's own",
+                      info->extra_keys[i]);
+    }
+    *n = md->n + extra;
+    const char **kv = mha_malloc(sizeof(char *) * (size_t)(2 * *n));
+    MHA_CHECK(kv != NULL, MHA_ERR_NOMEM, "checkpoint: cannot allocate the metadata");
+    for (int i = 0; i < md->n; i++)
+        kv[i] = md->k[i], kv[*n + i] = md->v[i];
+    for (int64_t i = 0; i < extra; i++)
+        kv[md->n + i] = info->extra_keys[i], kv[*n + md->n + i] = info->extra_values[i];
+    *keys = kv, *values = kv + *n;
+    return MHA_OK;
+}
+
 mha_status mha_model_save(const mha_model *m, const char *path, const char *optim_path,
                           const mha_adamw *opt, int64_t step, uint64_t seed) {
-    MHA_CHECK(m != NULL && path != NULL, MHA_ERR_NULL, "model: NULL model or path");
+    mha_checkpoint_info info = {step, seed, 0, 0, NULL, NULL};
+    return mha_model_save_checkpoint(m, path, optim_path, opt, &info);
+}
+
+/* Both files are written to temporaries and synced first, then the
+ * optimiser file is renamed into place, then the model file: a failure
+ * before the renames changes nothing, and a crash between them leaves a
+ * pair whose steps or run ids differ, which mha_model_load refuses. */
+mha_status mha_model_save_checkpoint(const mha_model *m, const char *path,
+                                     const char *optim_path, const mha_adamw *opt,
+                                     const mha_checkpoint_info *info) {
+    MHA_CHECK(m != NULL && path != NULL && info != NULL, MHA_ERR_NULL,
+              "model: NULL model, path or checkpoint info");
     MHA_CHECK(!optim_path || opt, MHA_ERR_NULL, "model: optimiser file without an optimiser");
     MHA_CHECK(!opt || opt->n == m->n_params, MHA_ERR_VALUE,
               "model: optimiser has %lld parameters, the model %lld",
               opt ? (long long)opt->n : 0LL, (long long)m->n_params);
+    MHA_CHECK(info->step >= 0, MHA_ERR_VALUE, "model: step %lld", (long long)info->step);
     const mha_model_config *c = &m->cfg;
+    char run[17];
+    run_id_string(info->run_id, run);
     meta md = {.n = 0};
-    meta_add_u64(&md, "step", (uint64_t)step);
-    meta_add_u64(&md, "seed", seed);
+    meta_add_u64(&md, "step", (uint64_t)info->step);
+    meta_add_u64(&md, "seed", info->seed);
     meta_add(&md, "format", "%.0f", 1);
     meta_add(&md, "vocab", "%.0f", (double)c->vocab);
     meta_add(&md, "max_len", "%.0f", (double)c->max_len);
@@ -558,9 +604,13 @@ mha_status mha_model_save(const mha_model *m, const char *path, const char *opti
     meta_add(&md, "activation", "%.0f", (double)c->activation);
     meta_add(&md, "dropout", "%.9g", (double)c->dropout);
     meta_add(&md, "layer_norm_eps", "%.9g", (double)c->layer_norm_eps);
-    const char *vals[META_MAX];
-    for (int i = 0; i < md.n; i++)
-        vals[i] = md.v[i];
+    if (info->run_id) {
+        md.k[md.n] = "run_id";
+        snprintf(md.v[md.n++], sizeof md.v[0], "%s", run);
+    }
+    const char **keys = NULL, **vals = NULL;
+    int64_t n_meta = 0;
+    MHA_TRY(meta_merge(&md, info, &keys, &vals, &n_meta));
     const char **names = mha_malloc(sizeof(char *) * (size_t)(2 * m->n_tensors));
     const mha_tensor **ts = mha_malloc(sizeof(mha_tensor *) * (size_t)(2 * m->n_tensors));
     mha_tensor *views = mha_malloc(sizeof(mha_tensor) * (size_t)(2 * m->n_tensors));
@@ -570,19 +620,26 @@ mha_status mha_model_save(const mha_model *m, const char *path, const char *opti
         st = mha_error(MHA_ERR_NOMEM, "model: cannot allocate the checkpoint index");
     for (int64_t k = 0; st == MHA_OK && k < m->n_tensors; k++)
         names[k] = m->table[k].name, ts[k] = &m->pv[k];
+    mha_wfile wm, wo;
+    memset(&wm, 0, sizeof wm), memset(&wo, 0, sizeof wo);
+    wm.fd = wo.fd = -1;
     if (st == MHA_OK)
-        st = mha_safetensors_write(path, names, ts, m->n_tensors, md.k, vals, md.n);
+        st = mha_safetensors_write_synced(&wm, path, names, ts, m->n_tensors, keys, vals, n_meta);
     if (st == MHA_OK && optim_path) {
-        /* exp_avg.<name> and exp_avg_sq.<name>, the step and AdamW's options */
+        /* exp_avg.<name> and exp_avg_sq.<name>, the step, run id and AdamW's options */
         meta om = {.n = 0};
         meta_add_u64(&om, "step", (uint64_t)opt->step);
-        meta_add_u64(&om, "seed", seed);
+        meta_add_u64(&om, "seed", info->seed);
         meta_add(&om, "lr", "%.17g", opt->opt.lr);
         meta_add(&om, "beta1", "%.17g", opt->opt.beta1);
         meta_add(&om, "beta2", "%.17g", opt->opt.beta2);
         meta_add(&om, "eps", "%.17g", opt->opt.eps);
         meta_add(&om, "weight_decay", "%.17g", opt->opt.weight_decay);
         meta_add(&om, "max_grad_norm", "%.17g", opt->opt.max_grad_norm);
+        if (info->run_id) {
+            om.k[om.n] = "run_id";
+            snprintf(om.v[om.n++], sizeof om.v[0], "%s", run);
+        }
         const char *ov[META_MAX];
         for (int i = 0; i < om.n; i++)
             ov[i] = om.v[i];
@@ -597,9 +654,15 @@ mha_status mha_model_save(const mha_model *m, const char *path, const char *opti
                 names[i] = onames[i], ts[i] = &views[i];
             }
         }
-        st = mha_safetensors_write(optim_path, names, ts, 2 * m->n_tensors, om.k, ov, om.n);
+        st = mha_safetensors_write_synced(&wo, optim_path, names, ts, 2 * m->n_tensors, om.k, ov,
+                                          om.n);
+        if (st == MHA_OK)
+            st = mha_wfile_commit(&wo);
     }
-    mha_free(names), mha_free(ts), mha_free(views), mha_free(onames);
+    if (st == MHA_OK)
+        st = mha_wfile_commit(&wm);
+    mha_wfile_discard(&wo), mha_wfile_discard(&wm);
+    mha_free(names), mha_free(ts), mha_free(views), mha_free(onames), mha_free(keys);
     return st;
 }
 
@@ -638,18 +701,54 @@ static mha_status meta_double(mha_safetensors *st, const char *key, double *out)
     return MHA_OK;
 }
 
-/* Copies tensor `name` (exact shape, F32) of st into dst (numel floats). */
+/* Checks, before anything is allocated for them, that st (read from path)
+ * holds exactly the table's tensors under each prefix: present, F32 and of
+ * the table's shape (the reader has checked that each one's bytes are in
+ * the file and match shape x dtype). */
+static mha_status check_tensors(mha_safetensors *st, const char *path, const param_info *table,
+                                int64_t n, const char *const *prefixes, int n_prefixes) {
+    MHA_CHECK(mha_safetensors_count(st) == n * n_prefixes, MHA_ERR_FORMAT,
+              "checkpoint: %s has %lld tensors, its metadata describes a model with %lld", path,
+              (long long)mha_safetensors_count(st), (long long)(n * n_prefixes));
+    char name[NAME_LEN + 16];
+    for (int64_t k = 0; k < n; k++)
+        for (int j = 0; j < n_prefixes; j++) {
+            const param_info *p = &table[k];
+            snprintf(name, sizeof name, "%s%s", prefixes[j], p->name);
+            int64_t i = mha_safetensors_find(st, name);
+            MHA_CHECK(i >= 0, MHA_ERR_FORMAT, "checkpoint: %s: tensor '%s' missing", path, name);
+            const char *dtype;
+            int ndim;
+            int64_t shape[MHA_SAFETENSORS_MAX_DIMS];
+            MHA_TRY(mha_safetensors_info(st, i, &dtype, &ndim, shape));
+            MHA_CHECK(!strcmp(dtype, "F32") && ndim == p->ndim && shape[0] == p->shape[0] &&
+                          (ndim == 1 || shape[1] == p->shape[1]),
+                      MHA_ERR_FORMAT,
+                      "checkpoint: %s: tensor '%s' is %s rank %d, want F32 of the model's shape",
+                      path, name, dtype, ndim);
+        }
+    return MHA_OK;
+}
+
+/* The model file and the optimiser file are one checkpoint: the same step
+ * and the same run id (or neither has one: files from before run ids). */
+static mha_status check_pair(mha_safetensors *st, const char *path, int64_t step,
+                             mha_safetensors *os, const char *optim_path) {
+    int64_t ostep;
+    MHA_TRY(meta_int(os, "step", 0, INT64_MAX, &ostep));
+    const char *run = mha_safetensors_metadata(st, "run_id");
+    const char *orun = mha_safetensors_metadata(os, "run_id");
+    bool same_run = run ? orun && !strcmp(run, orun) : !orun;
+    MHA_CHECK(ostep == step && same_run, MHA_ERR_FORMAT,
+              "checkpoint: %s (step %lld, run %s) and %s (step %lld, run %s) are not one "
+              "checkpoint (a save was interrupted, or files of two runs were mixed)",
+              path, (long long)step, run ? run : "none", optim_path, (long long)ostep,
+              orun ? orun : "none");
+    return MHA_OK;
+}
+
+/* Copies tensor `name` (checked by check_tensors) of st into dst (numel floats). */
 static mha_status load_into(mha_safetensors *st, const char *name, const param_info *p, float *dst) {
-    const char *dtype;
-    int ndim;
-    int64_t shape[MHA_SAFETENSORS_MAX_DIMS];
-    int64_t i = mha_safetensors_find(st, name);
-    MHA_CHECK(i >= 0, MHA_ERR_FORMAT, "checkpoint: tensor '%s' missing", name);
-    MHA_TRY(mha_safetensors_info(st, i, &dtype, &ndim, shape));
-    MHA_CHECK(!strcmp(dtype, "F32") && ndim == p->ndim && shape[0] == p->shape[0] &&
-                  (ndim == 1 || shape[1] == p->shape[1]),
-              MHA_ERR_FORMAT, "checkpoint: tensor '%s' is %s rank %d, want F32 of the model's shape",
-              name, dtype, ndim);
     mha_tensor v;
     MHA_TRY(mha_safetensors_view_f32(st, name, &v));
     memcpy(dst, v.data, sizeof(float) * (size_t)p->numel);
@@ -690,20 +789,47 @@ mha_status mha_model_load(mha_model **out, const char *path, const char *optim_p
         c.layers = v[5], c.causal = (int)v[6], c.norm_first = (int)v[7];
         c.activation = (mha_activation)v[8];
         c.dropout = (float)dropout, c.layer_norm_eps = (float)eps;
-        s = mha_model_create(&m, &c, 0);
+        s = check_config(&c);
     }
-    if (s == MHA_OK && mha_safetensors_count(st) != m->n_tensors)
-        s = mha_error(MHA_ERR_FORMAT, "checkpoint: %lld tensors, the model has %lld",
-                      (long long)mha_safetensors_count(st), (long long)m->n_tensors);
+    /* the files must hold every tensor the metadata promises before the
+     * model (sized by that metadata) is allocated */
+    param_info *table = NULL;
+    int64_t n_tensors = 0, n_params = 0;
+    if (s == MHA_OK) {
+        n_tensors = fill_table(&c, NULL, &n_params);
+        table = mha_calloc((size_t)n_tensors, sizeof *table);
+        if (!table)
+            s = mha_error(MHA_ERR_NOMEM, "model: cannot allocate the parameter table");
+        else
+            fill_table(&c, table, &n_params);
+    }
+    static const char *const model_prefix[1] = {""};
+    static const char *const moment_prefixes[2] = {"exp_avg.", "exp_avg_sq."};
+    if (s == MHA_OK)
+        s = check_tensors(st, path, table, n_tensors, model_prefix, 1);
+    if (s == MHA_OK && optim_path) {
+        s = mha_safetensors_open(optim_path, &os);
+        if (s != MHA_OK) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", mha_last_error());
+            s = mha_error(s, "checkpoint: %s has no usable optimiser state beside it: %s", path,
+                          why);
+        }
+        if (s == MHA_OK)
+            s = check_pair(st, path, stp, os, optim_path);
+        if (s == MHA_OK)
+            s = check_tensors(os, optim_path, table, n_tensors, moment_prefixes, 2);
+    }
+    mha_free(table);
+    if (s == MHA_OK)
+        s = mha_model_create(&m, &c, 0);
     for (int64_t k = 0; s == MHA_OK && k < m->n_tensors; k++)
         s = load_into(st, m->table[k].name, &m->table[k], m->params + m->table[k].offset);
     if (s == MHA_OK && optim_path) {
-        s = mha_safetensors_open(optim_path, &os);
         mha_adamw_options o;
         mha_adamw_options_init(&o);
         int64_t ostep;
-        if (s == MHA_OK)
-            s = meta_int(os, "step", 0, INT64_MAX, &ostep);
+        s = meta_int(os, "step", 0, INT64_MAX, &ostep);
         const char *ok[6] = {"lr", "beta1", "beta2", "eps", "weight_decay", "max_grad_norm"};
         double *ov[6] = {&o.lr, &o.beta1, &o.beta2, &o.eps, &o.weight_decay, &o.max_grad_norm};
         for (int i = 0; i < 6 && s == MHA_OK; i++)

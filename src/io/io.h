@@ -12,6 +12,7 @@
 
 #include "../internal.h"
 
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -44,16 +45,36 @@ void mha_file_close(mha_file *f);
 
 /* ---- writing ------------------------------------------------------------- */
 
-/* Writes n bytes (or fails with MHA_ERR_IO naming the path) to an open FILE*
- * opened by mha_file_create; mha_file_finish closes it and reports errors. */
+/* The safe writer (file.c has the protocol in full): a regular-file target
+ * is written to a temporary beside it, flushed, fsynced and renamed over it
+ * (then the directory is fsynced); a non-regular target (device, FIFO,
+ * /dev/stdout) is written directly.  Nothing but mha's own temporary is
+ * ever removed.  The struct must not move while the file is open. */
 typedef struct mha_wfile {
-    void *fp;                /* FILE *                                       */
-    const char *name;
-    int failed;
+    void *fp;                /* FILE * of mha_safe_file_stream, or NULL      */
+    int fd;                  /* the temporary (or direct target); -1: closed */
+    int direct;              /* 1: a non-regular target, written in place    */
+    int failed;              /* a step failed: the new file is not kept      */
+    int err;                 /* errno of the first failed write              */
+    const char *name;        /* the path as given, for messages (not owned)  */
+    char tmp[PATH_MAX + 64]; /* the temporary's path; "": none (no allocation:
+                                writing never fails for want of memory)     */
+    char target[PATH_MAX];   /* the path renamed over (symlinks resolved)    */
 } mha_wfile;
 mha_status mha_wfile_create(mha_wfile *w, const char *path);
+/* Writes n bytes (MHA_ERR_IO naming the path); after a failure every
+ * later write fails at once. */
 mha_status mha_wfile_write(mha_wfile *w, const void *buf, size_t n);
-/* Closes; removes the partial file when anything failed or keep == 0. */
+/* Flushes, fsyncs and closes the temporary: the new bytes are on disk but
+ * the target is unchanged (lets a caller prepare several files first). */
+mha_status mha_wfile_sync(mha_wfile *w);
+/* mha_wfile_sync, then renames the temporary over the target and fsyncs
+ * the directory.  On failure the target is unchanged (except when only the
+ * directory's fsync failed: the new file is in place, durability unknown). */
+mha_status mha_wfile_commit(mha_wfile *w);
+/* Closes what is open and removes the temporary, if any; safe to repeat. */
+void mha_wfile_discard(mha_wfile *w);
+/* keep && nothing failed: mha_wfile_commit; then mha_wfile_discard. */
 mha_status mha_wfile_finish(mha_wfile *w, int keep);
 
 /* ---- test hook ----------------------------------------------------------- */
@@ -61,12 +82,15 @@ mha_status mha_wfile_finish(mha_wfile *w, int keep);
 typedef enum mha_io_fault {
     MHA_IO_FAULT_FAIL = 0,   /* the read fails with EIO                      */
     MHA_IO_FAULT_SHORT = 1,  /* the read returns fewer bytes (retried)       */
-    MHA_IO_FAULT_EOF = 2     /* the read returns 0 bytes (premature end)     */
+    MHA_IO_FAULT_EOF = 2,    /* the read returns 0 bytes (premature end)     */
+    MHA_IO_FAULT_NOSPACE = 3 /* the step fails with ENOSPC (reads: EIO)      */
 } mha_io_fault;
 
 /* Injects `fault` into the k-th read (mha_file_read call or map attempt)
  * from now on (k >= 1), and into every later one when persistent; k = 0
- * disables.  Writes fail too when k counts them (mha_wfile_write).
+ * disables.  The safe writer's steps count too (creating the temporary,
+ * each write(2), flush, fsync, rename, directory fsync): there FAIL is EIO,
+ * NOSPACE is ENOSPC, SHORT shortens a write(2) (retried), EOF is EIO.
  * Returns nothing; mha_test_io_count() gives the operations so far. */
 MHA_API void mha_test_fail_io(int64_t k, int persistent, mha_io_fault fault);
 MHA_API int64_t mha_test_io_count(void);
@@ -97,5 +121,15 @@ mha_status mha_npy_read(mha_file *f, mha_dtype want, int keep_kind, int as_mask,
  * over and closed by mha_safetensors_free, or on failure).  The fuzz target
  * calls this on memory files. */
 mha_status mha_safetensors_read(mha_file *f, mha_safetensors **st);
+
+/* mha_safetensors_write up to mha_wfile_sync: the new file is complete in
+ * its temporary; the caller commits (mha_wfile_commit) or discards it.  On
+ * failure nothing is left (w discarded).  Checkpoints write the model and
+ * optimiser files this way, then rename both. */
+mha_status mha_safetensors_write_synced(mha_wfile *w, const char *path,
+                                        const char *const *names,
+                                        const mha_tensor *const *tensors, int64_t n,
+                                        const char *const *meta_keys,
+                                        const char *const *meta_values, int64_t n_meta);
 
 #endif /* MHA_IO_H */

@@ -813,10 +813,14 @@ static mha_status write_tensor(mha_wfile *w, const mha_tensor *t, int64_t numel)
     return MHA_OK;
 }
 
-mha_status mha_safetensors_write(const char *path, const char *const *names,
-                                 const mha_tensor *const *tensors, int64_t n,
-                                 const char *const *meta_keys, const char *const *meta_values,
-                                 int64_t n_meta) {
+mha_status mha_safetensors_write_synced(mha_wfile *w, const char *path,
+                                        const char *const *names,
+                                        const mha_tensor *const *tensors, int64_t n,
+                                        const char *const *meta_keys,
+                                        const char *const *meta_values, int64_t n_meta) {
+    MHA_CHECK(w != NULL, MHA_ERR_NULL, "safetensors: NULL writer");
+    memset(w, 0, sizeof *w);
+    w->fd = -1;
     MHA_CHECK(path != NULL && (n == 0 || (names && tensors)) &&
                   (n_meta == 0 || (meta_keys && meta_values)),
               MHA_ERR_NULL, "safetensors: NULL path, names, tensors or metadata");
@@ -886,24 +890,35 @@ mha_status mha_safetensors_write(const char *path, const char *const *names,
         if (b.nomem)
             s = mha_error(MHA_ERR_NOMEM, "safetensors: cannot allocate the header");
     }
+    if (s == MHA_OK)
+        s = mha_wfile_create(w, path);
     if (s == MHA_OK) {
-        mha_wfile w;
-        s = mha_wfile_create(&w, path);
-        if (s == MHA_OK) {
-            uint8_t len[8];
-            for (int k = 0; k < 8; k++)
-                len[k] = (uint8_t)((uint64_t)b.n >> (8 * k));
-            s = mha_wfile_write(&w, len, 8);
-            if (s == MHA_OK)
-                s = mha_wfile_write(&w, b.p, b.n);
-            for (int64_t i = 0; i < n && s == MHA_OK; i++)
-                s = write_tensor(&w, tensors[i], numel[i]);
-            mha_status fin = mha_wfile_finish(&w, s == MHA_OK);
-            if (s == MHA_OK)
-                s = fin;
-        }
+        uint8_t len[8];
+        for (int k = 0; k < 8; k++)
+            len[k] = (uint8_t)((uint64_t)b.n >> (8 * k));
+        s = mha_wfile_write(w, len, 8);
+        if (s == MHA_OK)
+            s = mha_wfile_write(w, b.p, b.n);
+        for (int64_t i = 0; i < n && s == MHA_OK; i++)
+            s = write_tensor(w, tensors[i], numel[i]);
+        if (s == MHA_OK)
+            s = mha_wfile_sync(w);
+        if (s != MHA_OK)
+            mha_wfile_discard(w);
     }
     mha_free(b.p);
     mha_free(numel);
+    return s;
+}
+
+mha_status mha_safetensors_write(const char *path, const char *const *names,
+                                 const mha_tensor *const *tensors, int64_t n,
+                                 const char *const *meta_keys, const char *const *meta_values,
+                                 int64_t n_meta) {
+    mha_wfile w;
+    MHA_TRY(mha_safetensors_write_synced(&w, path, names, tensors, n, meta_keys, meta_values,
+                                         n_meta));
+    mha_status s = mha_wfile_commit(&w);
+    mha_wfile_discard(&w);
     return s;
 }

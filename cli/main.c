@@ -16,6 +16,8 @@ static const struct {
     {"viz", cli_viz, "render attention maps as SVG and PNG"},
     {"grad", cli_grad, "gradients of nn.MultiheadAttention for an upstream gradient"},
     {"train", cli_train, "train a small Transformer on a digit task (AdamW, checkpoints)"},
+    {"embed", cli_embed, "sentence embeddings with all-MiniLM-L6-v2 (or another BERT model)"},
+    {"search", cli_search, "the lines of a file most similar to a query (sentence embeddings)"},
 };
 
 static void usage(FILE *f) {

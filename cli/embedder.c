@@ -15,8 +15,10 @@ int cli_embedder_open(cli_embedder *e, const char *cmd, const char *model_flag,
     if (mha_cli_model_dir(model_flag, e->dir, sizeof e->dir))
         return CLI_BAD_INPUT;
     mha_status st = mha_bert_open(&e->bert, e->dir);
-    if (st != MHA_OK)
-        return cli_fail(cmd, st, e->dir);
+    if (st != MHA_OK) { /* a missing or unreadable model file is bad input too */
+        int rc = cli_fail(cmd, st, e->dir);
+        return st == MHA_ERR_NOMEM ? rc : CLI_BAD_INPUT;
+    }
     e->info = mha_bert_get_info(e->bert);
     if (!with_tokenizer)
         return CLI_OK;
@@ -26,7 +28,7 @@ int cli_embedder_open(cli_embedder *e, const char *cmd, const char *model_flag,
     if (st != MHA_OK) {
         int rc = cli_fail(cmd, st, path);
         cli_embedder_close(e);
-        return rc;
+        return st == MHA_ERR_NOMEM ? rc : CLI_BAD_INPUT;
     }
     if (mha_tokenizer_vocab_size(e->tok) != e->info->vocab) {
         fprintf(stderr, "mha %s: %s has %lld tokens but config.json vocab_size is %lld\n", cmd,

@@ -139,10 +139,14 @@ static mha_status read_config(const char *dir, mha_bert_info *info) {
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(cfg, "hidden_act");
     const cJSON *pet = cJSON_GetObjectItemCaseSensitive(cfg, "position_embedding_type");
     const cJSON *eps = cJSON_GetObjectItemCaseSensitive(cfg, "layer_norm_eps");
-    bool bert = cJSON_IsString(type) && strcmp(type->valuestring, "bert") == 0;
+    /* architectures names the class ("BertModel"; the "...ForXxx" heads
+     * carry a BertModel); without it model_type "bert" */
+    bool bert = !arch && cJSON_IsString(type) && strcmp(type->valuestring, "bert") == 0;
     const cJSON *a;
-    cJSON_ArrayForEach(a, arch) bert = bert || (cJSON_IsString(a) && ends_with(a->valuestring,
-                                                                               "BertModel"));
+    cJSON_ArrayForEach(a, arch) {
+        bert = bert || (cJSON_IsString(a) && (ends_with(a->valuestring, "BertModel") ||
+                                              strncmp(a->valuestring, "BertFor", 7) == 0));
+    }
     if (!bert)
         st = mha_error(MHA_ERR_UNSUPPORTED, "config.json: not a BERT model (architectures "
                        "BertModel or model_type \"bert\" expected)");

@@ -525,10 +525,22 @@ static mha_status encode(mha_bert *m, float *x, float *qkv, float *h, const int3
         linear(qkv + 2 * D, 3 * D, x, D, w->v_w, w->v_b, T, D);
         if (weights && l == stop)
             return attend(h, D, qkv, T, D, H, weights);
+        /* texts across threads (one parallel region, not one per text: the
+         * SDPA call inside runs single-threaded, nested); one text alone:
+         * its heads across threads inside SDPA */
+        mha_status failed = MHA_OK;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(mha_threads()) if (n > 1)
         for (int64_t i = 0; i < n; i++) {
             const int64_t o = off[i] - off[0], L = off[i + 1] - off[i];
-            MHA_TRY(attend(h + o * D, D, qkv + o * 3 * D, L, D, H, NULL));
+            mha_status st = attend(h + o * D, D, qkv + o * 3 * D, L, D, H, NULL);
+            if (st != MHA_OK) {
+#pragma omp critical(mha_bert_attend)
+                failed = st;
+            }
         }
+        /* the worker's message is thread-local: restate it here */
+        MHA_CHECK(failed == MHA_OK, failed, "mha_bert: attention failed (%s)",
+                  mha_status_string(failed));
         float *res = qkv; /* (T,D) rows D apart: the attention branch */
         linear(res, D, h, D, w->o_w, w->o_b, T, D);
         for (int64_t e = 0; e < T * D; e++)

@@ -39,6 +39,7 @@
 #include "kernels/gemm.h"
 
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -310,6 +311,24 @@ static mha_status weight(mha_bert *m, const char *prefix, const char *name, int6
     return MHA_OK;
 }
 
+/* One layer's modules, each a weight and a bias: name after
+ * "encoder.layer.N.", weight shape in letters ('D' hidden, 'F' intermediate,
+ * 0: a vector, LayerNorm), the bias is (rows); the bert_layer fields. */
+typedef struct layer_module {
+    const char *name;
+    char rows, cols;
+    size_t weight, bias;
+} layer_module;
+#define LM(name, rows, cols, w, b) {name, rows, cols, offsetof(bert_layer, w), offsetof(bert_layer, b)}
+static const layer_module LAYER_MODULES[] = {
+    LM("attention.self.query", 'D', 'D', q_w, q_b),   LM("attention.self.key", 'D', 'D', k_w, k_b),
+    LM("attention.self.value", 'D', 'D', v_w, v_b),   LM("attention.output.dense", 'D', 'D', o_w, o_b),
+    LM("attention.output.LayerNorm", 'D', 0, ln1_w, ln1_b),
+    LM("intermediate.dense", 'F', 'D', i_w, i_b),     LM("output.dense", 'D', 'F', out_w, out_b),
+    LM("output.LayerNorm", 'D', 0, ln2_w, ln2_b),
+};
+#undef LM
+
 static mha_status bind_weights(mha_bert *m) {
     const mha_bert_info *c = &m->info;
     const int64_t D = c->hidden, F = c->intermediate;
@@ -327,23 +346,16 @@ static mha_status bind_weights(mha_bert *m) {
     for (int64_t l = 0; l < c->layers; l++) {
         char p[96];
         snprintf(p, sizeof p, "%sencoder.layer.%lld.", pre, (long long)l);
-        bert_layer *w = &m->layer[l];
-        MHA_TRY(weight(m, p, "attention.self.query.weight", D, D, &w->q_w));
-        MHA_TRY(weight(m, p, "attention.self.query.bias", D, 0, &w->q_b));
-        MHA_TRY(weight(m, p, "attention.self.key.weight", D, D, &w->k_w));
-        MHA_TRY(weight(m, p, "attention.self.key.bias", D, 0, &w->k_b));
-        MHA_TRY(weight(m, p, "attention.self.value.weight", D, D, &w->v_w));
-        MHA_TRY(weight(m, p, "attention.self.value.bias", D, 0, &w->v_b));
-        MHA_TRY(weight(m, p, "attention.output.dense.weight", D, D, &w->o_w));
-        MHA_TRY(weight(m, p, "attention.output.dense.bias", D, 0, &w->o_b));
-        MHA_TRY(weight(m, p, "attention.output.LayerNorm.weight", D, 0, &w->ln1_w));
-        MHA_TRY(weight(m, p, "attention.output.LayerNorm.bias", D, 0, &w->ln1_b));
-        MHA_TRY(weight(m, p, "intermediate.dense.weight", F, D, &w->i_w));
-        MHA_TRY(weight(m, p, "intermediate.dense.bias", F, 0, &w->i_b));
-        MHA_TRY(weight(m, p, "output.dense.weight", D, F, &w->out_w));
-        MHA_TRY(weight(m, p, "output.dense.bias", D, 0, &w->out_b));
-        MHA_TRY(weight(m, p, "output.LayerNorm.weight", D, 0, &w->ln2_w));
-        MHA_TRY(weight(m, p, "output.LayerNorm.bias", D, 0, &w->ln2_b));
+        for (size_t k = 0; k < sizeof LAYER_MODULES / sizeof *LAYER_MODULES; k++) {
+            const layer_module *t = &LAYER_MODULES[k];
+            char *base = (char *)&m->layer[l], name[96];
+            const int64_t rows = t->rows == 'F' ? F : D;
+            const int64_t cols = t->cols == 'F' ? F : t->cols == 'D' ? D : 0;
+            snprintf(name, sizeof name, "%s.weight", t->name);
+            MHA_TRY(weight(m, p, name, rows, cols, (const float **)(base + t->weight)));
+            snprintf(name, sizeof name, "%s.bias", t->name);
+            MHA_TRY(weight(m, p, name, rows, 0, (const float **)(base + t->bias)));
+        }
     }
     /* a layer past the config's count means the config is not this file's */
     char extra[96];

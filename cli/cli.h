@@ -36,6 +36,21 @@ int cli_forward_layer(int argc, char **argv);
 
 /* The Transformer-block section of `mha demo` (cli/demo_block.c). */
 int cli_demo_block(void);
+/* `mha embed` and `mha search` (cli/embed.c, on cli/embedder.h). */
+int cli_embed(int argc, char **argv);
+int cli_search(int argc, char **argv);
+/* `mha viz --model ...` (cli/viz_model.c); cli_viz hands over when --model
+ * is present. */
+int cli_viz_model(int argc, char **argv);
+/* Draws w (H,L,S) to svg / png (either may be NULL), says where on stdout
+ * (cli/viz.c); png_optional: skip the PNG with a note without libpng. */
+int cli_viz_write_maps(const char *cmd, const float *w, int64_t H, int64_t L, int64_t S,
+                       const char *const *qlabels, const char *const *klabels,
+                       const char *title, float vmax, const char *svg, const char *png,
+                       int png_optional);
+/* The trained-model section of `mha demo` (cli/demo_model.c). */
+int cli_demo_model(void);
+
 /* Maps a library status to an exit code and prints "mha CMD: msg" to stderr. */
 int cli_fail(const char *cmd, mha_status st, const char *context);
 

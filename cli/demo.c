@@ -177,5 +177,7 @@ int cli_demo(int argc, char **argv) {
         rc = cli_demo_block();
     if (rc == CLI_OK)
         rc = claims();
+    if (rc == CLI_OK)
+        rc = cli_demo_model();
     return rc;
 }

@@ -17,6 +17,8 @@ static const struct {
     {"grad", cli_grad, "gradients of nn.MultiheadAttention for an upstream gradient"},
     {"train", cli_train, "train a small Transformer on a digit task (AdamW, checkpoints)"},
     {"tokenize", cli_tokenize, "WordPiece ids of texts, as the model's tokenizer.json gives them"},
+    {"embed", cli_embed, "sentence embeddings with all-MiniLM-L6-v2 (or another BERT model)"},
+    {"search", cli_search, "the lines of a file most similar to a query (sentence embeddings)"},
 };
 
 static void usage(FILE *f) {

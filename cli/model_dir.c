@@ -46,6 +46,8 @@ int mha_cli_model_dir(const char *flag, char *out, size_t cap) {
         char *slash = strrchr(exe, '/');
         if (slash) {
             *slash = 0; /* the executable's directory, then its parent */
+            if (put(out, cap, exe, MHA_CLI_DEFAULT_MODEL) && is_dir(out))
+                return OK;
             if (put(out, cap, exe, "../" MHA_CLI_DEFAULT_MODEL) && is_dir(out))
                 return OK;
         }

@@ -156,10 +156,10 @@ static int tokens_from_file(tokens *t, const char *path) {
 
 /* Writes the maps of w (H,L,S) to svg / png (either may be NULL) and says
  * where on stdout; png_optional: skip the PNG with a note when this build
- * has no libpng instead of failing. */
-static int write_maps(const char *cmd, const float *w, int64_t H, int64_t L, int64_t S,
-                      const char *const *qlabels, const char *const *klabels, const char *title,
-                      float vmax, const char *svg, const char *png, int png_optional) {
+ * has no libpng instead of failing (cli.h). */
+int cli_viz_write_maps(const char *cmd, const float *w, int64_t H, int64_t L, int64_t S,
+                       const char *const *qlabels, const char *const *klabels, const char *title,
+                       float vmax, const char *svg, const char *png, int png_optional) {
     render_maps m = {H, L, S, w, qlabels, klabels, title, vmax};
     char err[512];
     int64_t P = render_panel_count(&m);
@@ -211,7 +211,7 @@ int cli_viz_write_demo_maps(const char *svg_path, const char *png_path) {
     int rc = demo_weights("demo", w);
     if (rc)
         return rc;
-    return write_maps("demo", w, DEMO_H, DEMO_L, DEMO_L, DEMO_TOKENS, DEMO_TOKENS, DEMO_TITLE, 0,
+    return cli_viz_write_maps("demo", w, DEMO_H, DEMO_L, DEMO_L, DEMO_TOKENS, DEMO_TOKENS, DEMO_TITLE, 0,
                       svg_path, png_path, 1);
 }
 
@@ -308,7 +308,7 @@ static int run_inputs(viz_args *a, cli_mha_inputs *in, const tokens *qt, const t
     else
         snprintf(title, sizeof title, "%s (rows: queries, columns: keys)", base);
     const float *w = (const float *)wt.data + a->batch * H * L * Sp;
-    rc = write_maps("viz", w, H, L, Sp, qt->n ? qt->v : NULL, klabels, a->title ? a->title : title,
+    rc = cli_viz_write_maps("viz", w, H, L, Sp, qt->n ? qt->v : NULL, klabels, a->title ? a->title : title,
                     a->vmax, a->svg, a->png, a->png_optional);
 done:
     free(klabels);
@@ -339,11 +339,14 @@ static int run_demo(viz_args *a, const tokens *qt, const tokens *kt) {
         return rc;
     const char *const *q = qt->n ? qt->v : DEMO_TOKENS;
     const char *const *k = kt->n ? kt->v : q;
-    return write_maps("viz", w, DEMO_H, DEMO_L, DEMO_L, q, k, a->title ? a->title : DEMO_TITLE,
+    return cli_viz_write_maps("viz", w, DEMO_H, DEMO_L, DEMO_L, q, k, a->title ? a->title : DEMO_TITLE,
                       a->vmax, a->svg, a->png, a->png_optional);
 }
 
 int cli_viz(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--model"))
+            return cli_viz_model(argc, argv);
     viz_args a;
     memset(&a, 0, sizeof a);
     cli_mha_inputs in;

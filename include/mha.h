@@ -1046,6 +1046,68 @@ MHA_API mha_status mha_model_save_checkpoint(const mha_model *model, const char 
 MHA_API mha_status mha_model_load(mha_model **model, const char *path, const char *optim_path,
                                   mha_adamw *opt, int64_t *step, uint64_t *seed);
 
+/* ---- Sentence embeddings from a trained BERT (src/bert.c, docs/models.md)
+ * A sentence-transformers directory (all-MiniLM-L6-v2 and any BERT-
+ * architecture model with mean or CLS pooling): config.json (BertModel
+ * sizes), modules.json (Transformer, Pooling, optional Normalize),
+ * 1_Pooling/config.json, sentence_bert_config.json (max_seq_length) and
+ * model.safetensors in Hugging Face BertModel names, mapped (not copied).
+ * The model takes token ids (from the tokenizer below or any WordPiece
+ * tokenizer with [CLS] ... [SEP]); every id is a real token: attention and
+ * pooling never look at id values (a typed [PAD], id 0, is attended).
+ * Letters: T tokens of all texts packed, n texts, D hidden width, H heads,
+ * L one text's length. */
+typedef enum mha_bert_pooling {
+    MHA_BERT_POOL_MEAN = 0, /* mean of the text's token vectors             */
+    MHA_BERT_POOL_CLS = 1   /* the first token's ([CLS]) vector             */
+} mha_bert_pooling;
+
+typedef struct mha_bert_info {
+    int64_t hidden;          /* D, config hidden_size                         */
+    int64_t heads;           /* H, num_attention_heads (divides D)            */
+    int64_t layers;          /* num_hidden_layers                             */
+    int64_t intermediate;    /* intermediate_size (the MLP width)             */
+    int64_t vocab;           /* vocab_size: ids are 0..vocab-1                 */
+    int64_t max_positions;   /* max_position_embeddings: L <= this            */
+    int64_t max_seq_length;  /* sentence_bert_config.json (else max_positions) */
+    int64_t type_vocab;      /* type_vocab_size (every token is type 0)        */
+    float layer_norm_eps;
+    mha_bert_pooling pooling;
+    int normalize;           /* 1: outputs are L2-normalised (Normalize module) */
+} mha_bert_info;
+
+typedef struct mha_bert mha_bert;
+
+/* Loads the model in model_dir; every tensor's presence, dtype and shape is
+ * checked against config.json before use.  MHA_ERR_IO for a missing file,
+ * MHA_ERR_FORMAT for a corrupt one or a config that disagrees with the
+ * tensors, MHA_ERR_UNSUPPORTED for what mha does not run (another
+ * architecture or activation, max pooling, extra modules, a build without
+ * libcjson); the message names the file and the field. */
+MHA_API mha_status mha_bert_open(mha_bert **model, const char *model_dir);
+MHA_API void mha_bert_free(mha_bert *model);
+MHA_API const mha_bert_info *mha_bert_get_info(const mha_bert *model);
+
+/* out (n,D) = the embeddings of n texts given packed: text i is
+ * ids[offsets[i] .. offsets[i+1]) (offsets has n+1 entries, offsets[0] = 0,
+ * each text 1..max_positions ids, each id < vocab).  Texts are not padded:
+ * the cost is the sum of their lengths.  Row i of out depends only on text
+ * i (bit-identical for any batch it is embedded in and any thread count).
+ * One call at a time per model (it keeps its workspace). */
+MHA_API mha_status mha_bert_embed(mha_bert *model, mha_tensor *out, const int32_t *ids,
+                                  const int64_t *offsets, int64_t n);
+
+/* hidden (L,D) = the input of encoder layer `layer` for one text of L ids
+ * (layer 0: the embeddings after their LayerNorm; layer == layers: the
+ * last layer's output).  For inspection (mha demo). */
+MHA_API mha_status mha_bert_hidden(mha_bert *model, mha_tensor *hidden, const int32_t *ids,
+                                   int64_t L, int64_t layer);
+
+/* weights (H,L,L) = the attention probabilities of every head of encoder
+ * layer `layer` (0-based) for one text of L ids (mha viz --model). */
+MHA_API mha_status mha_bert_attention(mha_bert *model, mha_tensor *weights, const int32_t *ids,
+                                      int64_t L, int64_t layer);
+
 /* ------------------------------------------------------------------------ */
 /* Files                                                                     */
 /* ------------------------------------------------------------------------ */

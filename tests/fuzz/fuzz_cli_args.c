@@ -7,7 +7,8 @@
  * it goes through the real dispatcher (cli/main.c built with main renamed
  * mha_cli_main), so --help, --version and unknown commands are covered too.
  * `bench`, `demo` and `train` are skipped (they time, print or train for
- * seconds to minutes; little to parse), unless the input asks for --help.
+ * seconds to minutes; little to parse), and `embed` and `search` (they read
+ * standard input and load the real model), unless the input asks for --help.
  *
  * Sandbox: the target works inside a private temporary directory holding
  * small valid inputs (q.npy k.npy v.npy kpm.npy am.npy, q4.npy k4.npy v4.npy,
@@ -147,7 +148,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int a = 2; a < argc; a++)
         help = help || !strcmp(argv[a], "--help");
     if (argc >= 2 && !help &&
-        (!strcmp(argv[1], "bench") || !strcmp(argv[1], "demo") || !strcmp(argv[1], "train")))
+        (!strcmp(argv[1], "bench") || !strcmp(argv[1], "demo") || !strcmp(argv[1], "train") ||
+         !strcmp(argv[1], "embed") || !strcmp(argv[1], "search")))
         return 0;
     (void)mha_cli_main(argc, argv);
     if (++runs % 256 == 0)

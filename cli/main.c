@@ -4,6 +4,18 @@
 #include <stdio.h>
 #include <string.h>
 
+/* `mha ring` (cli/mpi/ring.c, the MPI build only; issue 18). */
+#ifdef MHA_HAVE_MPI
+int cli_ring(int argc, char **argv);
+#else
+static int cli_ring(int argc, char **argv) {
+    (void)argc, (void)argv;
+    fprintf(stderr, "mha ring: needs the MPI build (install libopenmpi-dev and openmpi-bin, "
+                    "then rebuild: make)\n");
+    return CLI_BAD_INPUT;
+}
+#endif
+
 static const struct {
     const char *name;
     int (*run)(int, char **);
@@ -16,6 +28,7 @@ static const struct {
     {"viz", cli_viz, "render attention maps as SVG and PNG"},
     {"grad", cli_grad, "gradients of nn.MultiheadAttention for an upstream gradient"},
     {"train", cli_train, "train a small Transformer on a digit task (AdamW, checkpoints)"},
+    {"ring", cli_ring, "ring attention across MPI ranks (mpirun -np P mha ring), validated"},
 };
 
 static void usage(FILE *f) {

@@ -244,12 +244,15 @@ static int run(const ring_args *a) {
     const int64_t B = a->B, H = a->H, Hkv = a->Hkv, d = a->d, n = a->L / P;
     mha_set_num_threads((int)a->threads);
     float *q = make_rows(a, 0, H, d, rank), *k = make_rows(a, 1, Hkv, d, rank);
-    float *v = make_rows(a, 2, Hkv, d, rank), *dout = make_rows(a, 3, H, d, rank);
+    float *v = make_rows(a, 2, Hkv, d, rank);
+    /* the backward's buffers only when timed (per-rank memory of a forward) */
+    float *dout = a->backward ? make_rows(a, 3, H, d, rank) : calloc(1, sizeof(float));
     float *o = calloc((size_t)(B * H * n * d) + 1, sizeof(float));
     float *l = calloc((size_t)(B * H * n) + 1, sizeof(float));
-    float *dq = calloc((size_t)(B * H * n * d) + 1, sizeof(float));
-    float *dk = calloc((size_t)(B * Hkv * n * d) + 1, sizeof(float));
-    float *dv = calloc((size_t)(B * Hkv * n * d) + 1, sizeof(float));
+    const int64_t g = a->backward ? 1 : 0;
+    float *dq = calloc((size_t)(g * B * H * n * d) + 1, sizeof(float));
+    float *dk = calloc((size_t)(g * B * Hkv * n * d) + 1, sizeof(float));
+    float *dv = calloc((size_t)(g * B * Hkv * n * d) + 1, sizeof(float));
     int rc = CLI_OK;
     if (!q || !k || !v || !dout || !o || !l || !dq || !dk || !dv) {
         fprintf(stderr, "mha ring: rank %d: out of memory\n", rank);

@@ -20,9 +20,9 @@
  *
  * Forward: per (Q piece, K segment) block, mha_sdpa_forward with the
  * block's causal offset (MHA_CAUSAL_OFFSET, global positions) and lse
- * output; the running result and the block are merged by
- * mha_attention_merge into the other of two accumulators (the caller's out
- * and one scratch), since merge's output must not alias its parts.
+ * output; the running result (in the caller's out) and the block are
+ * merged by mha_attention_merge through piece-sized scratch, so a rank
+ * holds its Q/K/V/O shards, two K/V buffers and O(L/(8P)) rows more.
  * Backward: per block, mha_sdpa_backward with the global out and lse of the
  * rows (P and D = dout.out are then the global ones: the block's gradient is
  * exact); dq adds into the caller's dq; the block's dK/dV go into a zeroed
@@ -494,14 +494,23 @@ void mha_ring_options_init(mha_ring_options *opt) {
 /* ---- forward --------------------------------------------------------------- */
 
 typedef struct fwd_state {
-    mha_tensor acc_out[2], acc_lse[2]; /* 0: the caller's out + lse A, 1: scratch */
-    mha_tensor blk_out, blk_lse;
-    int holder[MAX_PIECES]; /* -1 nothing yet, else the accumulator holding the piece */
+    mha_tensor out, lse;    /* (B,H,n,dv) the caller's out, (B,H,n) its lse */
+    float *blk, *mrg;       /* piece-sized scratch: a block's out+lse, the merge's */
+    bool started[MAX_PIECES]; /* the piece holds a partial result */
     segment piece[MAX_PIECES];
     int npieces;
 } fwd_state;
 
-/* This rank's Q pieces against shard s (views k, v of the shard buffer). */
+/* Packed (B,H,rows,dv) out and (B,H,rows) lse views of a piece scratch. */
+static void scratch_views(const ring *R, float *base, int64_t rows, mha_tensor *o, mha_tensor *l) {
+    *o = packed(base, R->B, R->H, rows, R->dv);
+    *l = packed(base + R->B * R->H * rows * R->dv, R->B, R->H, rows, 0);
+}
+
+/* This rank's Q pieces against shard s (views k, v of the shard buffer).
+ * A piece's first block writes straight into out/lse; a later one into the
+ * block scratch, merged with the running result into the merge scratch,
+ * which is copied back (merge's output must not alias its parts). */
 static void forward_shard(ring *R, fwd_state *F, const mha_tensor *q, int s, const mha_tensor *k,
                           const mha_tensor *v) {
     segment ks[MAX_SEGS];
@@ -516,53 +525,44 @@ static void forward_shard(ring *R, fwd_state *F, const mha_tensor *q, int s, con
             const mha_tensor qv = rows_of(q, qp.local, qp.len);
             const mha_tensor kv = rows_of(k, ks[j].local, ks[j].len);
             const mha_tensor vv = rows_of(v, ks[j].local, ks[j].len);
-            const int h = F->holder[p];
-            const int dst = h < 0 ? 0 : 1 - h;
-            mha_tensor out = rows_of(h < 0 ? &F->acc_out[0] : &F->blk_out, qp.local, qp.len);
-            mha_tensor lse = rows_of(h < 0 ? &F->acc_lse[0] : &F->blk_lse, qp.local, qp.len);
-            o.lse = &lse;
-            mha_status st = mha_sdpa_forward(&out, &qv, &kv, &vv, &o);
-            if (st == MHA_OK && h >= 0) {
-                mha_tensor po = rows_of(&F->acc_out[h], qp.local, qp.len);
-                mha_tensor pl = rows_of(&F->acc_lse[h], qp.local, qp.len);
-                mha_tensor mo = rows_of(&F->acc_out[dst], qp.local, qp.len);
-                mha_tensor ml = rows_of(&F->acc_lse[dst], qp.local, qp.len);
-                const mha_tensor *parts_out[2] = {&po, &out}, *parts_lse[2] = {&pl, &lse};
-                st = mha_attention_merge(&mo, &ml, 2, parts_out, parts_lse);
+            mha_tensor acc_o = rows_of(&F->out, qp.local, qp.len);
+            mha_tensor acc_l = rows_of(&F->lse, qp.local, qp.len);
+            mha_tensor blk_o, blk_l, mrg_o, mrg_l;
+            scratch_views(R, F->blk, qp.len, &blk_o, &blk_l);
+            scratch_views(R, F->mrg, qp.len, &mrg_o, &mrg_l);
+            const bool first = !F->started[p];
+            o.lse = first ? &acc_l : &blk_l;
+            mha_status st = mha_sdpa_forward(first ? &acc_o : &blk_o, &qv, &kv, &vv, &o);
+            if (st == MHA_OK && !first) {
+                const mha_tensor *parts_out[2] = {&acc_o, &blk_o}, *parts_lse[2] = {&acc_l, &blk_l};
+                st = mha_attention_merge(&mrg_o, &mrg_l, 2, parts_out, parts_lse);
+                move_rows(&acc_o, &mrg_o, false);
+                move_rows(&acc_l, &mrg_l, false);
             }
-            F->holder[p] = dst;
+            F->started[p] = true;
             R->status = st;
             poll(R);
         }
     R->stats.compute_seconds += MPI_Wtime() - t0;
 }
 
-/* The result into the caller's out and lse; the masked-rows policy. */
+/* Rows no key reached: lse -inf and the masked-rows policy; lse out. */
 static void forward_finish(const ring *R, fwd_state *F, mha_tensor *lse, mha_masked_rows policy) {
-    for (int p = 0; p < F->npieces; p++) {
-        const segment qp = F->piece[p];
-        mha_tensor o0 = rows_of(&F->acc_out[0], qp.local, qp.len);
-        mha_tensor l0 = rows_of(&F->acc_lse[0], qp.local, qp.len);
-        if (F->holder[p] == 1) {
-            mha_tensor o1 = rows_of(&F->acc_out[1], qp.local, qp.len);
-            mha_tensor l1 = rows_of(&F->acc_lse[1], qp.local, qp.len);
-            move_rows(&o0, &o1, false);
-            move_rows(&l0, &l1, false);
-        }
+    const mha_tensor *o0 = &F->out, *l0 = &F->lse;
+    for (int p = 0; p < F->npieces; p++)
         for (int64_t b = 0; b < R->B; b++)
             for (int64_t h = 0; h < R->H; h++)
-                for (int64_t i = 0; i < qp.len; i++) {
-                    float *l = (float *)l0.data + b * l0.stride[0] + h * l0.stride[1] + i * l0.stride[2];
-                    float *o = (float *)o0.data + b * o0.stride[0] + h * o0.stride[1] + i * o0.stride[2];
-                    if (F->holder[p] < 0)
+                for (int64_t i = F->piece[p].local; i < F->piece[p].local + F->piece[p].len; i++) {
+                    float *l = (float *)l0->data + b * l0->stride[0] + h * l0->stride[1] + i * l0->stride[2];
+                    float *o = (float *)o0->data + b * o0->stride[0] + h * o0->stride[1] + i * o0->stride[2];
+                    if (!F->started[p])
                         *l = -INFINITY;
                     if (*l == -INFINITY)
                         for (int64_t c = 0; c < R->dv; c++)
-                            o[c * o0.stride[3]] = policy == MHA_MASKED_ROWS_NAN ? NAN : 0.0f;
+                            o[c * o0->stride[3]] = policy == MHA_MASKED_ROWS_NAN ? NAN : 0.0f;
                 }
-    }
     if (lse)
-        move_rows(lse, &F->acc_lse[0], false);
+        move_rows(lse, &F->lse, false);
 }
 
 mha_status mha_ring_attention_forward(MPI_Comm comm, mha_tensor *out, mha_tensor *lse,
@@ -589,10 +589,16 @@ mha_status mha_ring_attention_forward(MPI_Comm comm, mha_tensor *out, mha_tensor
         ring_end(&R, opt, t0, st);
         return st;
     }
-    /* one allocation: two K/V shard buffers, the scratch accumulator and the
-     * block's output (B,H,n,dv) each, three lse (B,H,n) */
-    const int64_t kvf = shard_floats(&R, R.nmax), of = R.B * R.H * n * R.dv, lf = R.B * R.H * n;
-    float *buf = mha_malloc(sizeof(float) * (size_t)(2 * kvf + 2 * of + 3 * lf + 1));
+    fwd_state F;
+    memset(&F, 0, sizeof F);
+    F.npieces = pieces_of(&R, F.piece);
+    int64_t rows = 0;
+    for (int p = 0; p < F.npieces; p++)
+        rows = F.piece[p].len > rows ? F.piece[p].len : rows;
+    /* one allocation: two K/V shard buffers, the running lse (B,H,n), two
+     * piece scratches of (B,H,rows,dv) + (B,H,rows) */
+    const int64_t kvf = shard_floats(&R, R.nmax), sf = R.B * R.H * rows * (R.dv + 1);
+    float *buf = mha_malloc(sizeof(float) * (size_t)(2 * kvf + R.B * R.H * n + 2 * sf + 1));
     st = agree(R.comm, R.rank, buf ? MHA_OK : mha_error(MHA_ERR_NOMEM, "ring: out of memory"));
     if (st != MHA_OK) {
         mha_free(buf);
@@ -600,16 +606,10 @@ mha_status mha_ring_attention_forward(MPI_Comm comm, mha_tensor *out, mha_tensor
         return st;
     }
     float *kvb[2] = {buf, buf + kvf};
-    fwd_state F;
-    F.acc_out[0] = *out;
-    F.acc_out[1] = packed(buf + 2 * kvf, R.B, R.H, n, R.dv);
-    F.blk_out = packed(buf + 2 * kvf + of, R.B, R.H, n, R.dv);
-    F.acc_lse[0] = packed(buf + 2 * kvf + 2 * of, R.B, R.H, n, 0);
-    F.acc_lse[1] = packed(buf + 2 * kvf + 2 * of + lf, R.B, R.H, n, 0);
-    F.blk_lse = packed(buf + 2 * kvf + 2 * of + 2 * lf, R.B, R.H, n, 0);
-    F.npieces = pieces_of(&R, F.piece);
-    for (int p = 0; p < F.npieces; p++)
-        F.holder[p] = -1;
+    F.out = *out;
+    F.lse = packed(buf + 2 * kvf, R.B, R.H, n, 0);
+    F.blk = buf + 2 * kvf + R.B * R.H * n;
+    F.mrg = F.blk + sf;
 
     mha_tensor ks, vs;
     shard_views(&R, kvb[0], n, &ks, &vs);

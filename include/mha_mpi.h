@@ -110,6 +110,21 @@ mha_status mha_ring_attention_backward(MPI_Comm comm, mha_tensor *dq, mha_tensor
                                        const mha_tensor *q, const mha_tensor *k,
                                        const mha_tensor *v, const mha_ring_options *opt);
 
+/* Sequence-parallel nn.TransformerEncoderLayer(batch_first=True) forward,
+ * collective over comm: every rank holds a slice of the tokens,
+ *   out (B,Ll,E) = this rank's rows of mha_encoder_layer_forward(src) over
+ *   the gathered sequence, src (B,Ll,E) the rank's tokens, laid out over the
+ *   ranks as `layout` says (dimension 1 is the sequence).
+ * Projections, norms and the MLP run per token on the rank; the attention
+ * is mha_ring_attention_forward.  w: the single-process layer's weights (the
+ * same state_dict on every rank; packed in_proj_weight or separate q/k/v,
+ * no bias_k/bias_v); opt as for mha_encoder_layer_forward (no dropout in
+ * training); causal != 0 masks later tokens (is_causal).  out may be src. */
+mha_status mha_ring_encoder_layer_forward(MPI_Comm comm, mha_tensor *out, const mha_tensor *src,
+                                          const mha_encoder_layer_weights *w,
+                                          const mha_layer_options *opt, int causal,
+                                          mha_ring_layout layout);
+
 #ifdef __cplusplus
 }
 #endif

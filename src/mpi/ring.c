@@ -30,8 +30,7 @@
  * which is then sent on to r+1; after P steps it reaches its owner.
  * Order of every sum is fixed by P and the shapes: bit-identical run to run.
  */
-#include "internal.h"
-#include "mha_mpi.h"
+#include "mpi_internal.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -94,6 +93,13 @@ static mha_status agree(MPI_Comm comm, int rank, mha_status st) {
     if (!strncmp(msg, "rank ", 5)) /* already agreed once: keep it */
         return mha_error((mha_status)worst[0], "%s", msg);
     return mha_error((mha_status)worst[0], "rank %d: %s", worst[1], msg);
+}
+
+mha_status mha_mpi_agree(MPI_Comm comm, mha_status st) {
+    int rank = 0;
+    if (MPI_Comm_rank(comm, &rank) != MPI_SUCCESS)
+        return mha_error(MHA_ERR_IO, "MPI_Comm_rank failed (an invalid communicator?)");
+    return agree(comm, rank, st);
 }
 
 /* ---- views ----------------------------------------------------------------- */

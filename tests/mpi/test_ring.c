@@ -11,6 +11,9 @@
  * and gradients <= 1e-5, relative to the tensor's largest magnitude.
  * Rank 0 prints one line per check and "N passed, N failed".
  *
+ * The sequence-parallel encoder layer is compared with
+ * mha_encoder_layer_forward on the whole sequence (<= 1e-5).
+ *
  * Letter legend: B batch, H heads, Hkv kv heads, L global rows, n local
  * rows, d head dim, dv value head dim.
  */
@@ -311,6 +314,85 @@ static void test_bad_inputs(void) {
     free(buf);
 }
 
+/* ---- the sequence-parallel encoder layer against the single-process one -- */
+
+static void test_encoder(mha_ring_layout kind, int uneven, int causal, int norm_first) {
+    char name[160];
+    snprintf(name, sizeof name, "encoder layer %s%s%s%s", kind == MHA_RING_ZIGZAG ? "zigzag" : "contiguous",
+             uneven ? " uneven" : "", causal ? " causal" : "", norm_first ? " norm_first" : "");
+    if (filter && !strstr(name, filter))
+        return;
+    const int64_t B = 2, E = 16, H = 4, F = 24;
+    const layout y = make_layout(kind, 3, uneven);
+    const int64_t n = y.rows[rank];
+    /* the state_dict: every rank makes the same weights */
+    const int64_t sizes[10] = {3 * E * E, 3 * E, E * E, E, F * E, F, E * F, E, E, E};
+    float *wbuf[10];
+    mha_tensor wt[10];
+    for (int i = 0; i < 10; i++) {
+        wbuf[i] = malloc(sizeof(float) * (size_t)sizes[i]);
+        mha_randn(wbuf[i], (size_t)sizes[i], 100 + (uint64_t)i, 0.3f);
+    }
+    mha_tensor_init(&wt[0], MHA_F32, wbuf[0], 2, (int64_t[]){3 * E, E});
+    mha_tensor_init(&wt[1], MHA_F32, wbuf[1], 1, (int64_t[]){3 * E});
+    mha_tensor_init(&wt[2], MHA_F32, wbuf[2], 2, (int64_t[]){E, E});
+    mha_tensor_init(&wt[3], MHA_F32, wbuf[3], 1, (int64_t[]){E});
+    mha_tensor_init(&wt[4], MHA_F32, wbuf[4], 2, (int64_t[]){F, E});
+    mha_tensor_init(&wt[5], MHA_F32, wbuf[5], 1, (int64_t[]){F});
+    mha_tensor_init(&wt[6], MHA_F32, wbuf[6], 2, (int64_t[]){E, F});
+    for (int i = 7; i < 10; i++)
+        mha_tensor_init(&wt[i], MHA_F32, wbuf[i], 1, (int64_t[]){E});
+    mha_encoder_layer_weights w;
+    memset(&w, 0, sizeof w);
+    w.self_attn.in_proj_weight = &wt[0], w.self_attn.in_proj_bias = &wt[1];
+    w.self_attn.out_proj_weight = &wt[2], w.self_attn.out_proj_bias = &wt[3];
+    w.linear1_weight = &wt[4], w.linear1_bias = &wt[5];
+    w.linear2_weight = &wt[6], w.linear2_bias = &wt[7];
+    w.norm1_weight = &wt[8], w.norm1_bias = &wt[9]; /* norm2: ones/zeros (NULL) */
+    mha_layer_options opt;
+    mha_layer_options_init(&opt);
+    opt.num_heads = H;
+    opt.norm_first = norm_first;
+    opt.activation = MHA_ACT_GELU;
+
+    pair src;
+    pair_make(&src, &y, B, 1, E, 21, 1);
+    mha_tensor S, O, SL, OL;
+    float *ref = calloc((size_t)(B * y.L * E) + 1, sizeof(float));
+    float *mine = calloc((size_t)(B * n * E) + 1, sizeof(float));
+    mha_tensor_init(&S, MHA_F32, src.full, 3, (int64_t[]){B, y.L, E});
+    mha_tensor_init(&O, MHA_F32, ref, 3, (int64_t[]){B, y.L, E});
+    mha_tensor_init(&SL, MHA_F32, src.mine, 3, (int64_t[]){B, n, E});
+    mha_tensor_init(&OL, MHA_F32, mine, 3, (int64_t[]){B, n, E});
+    mha_layer_masks masks = {0};
+    masks.causal = causal;
+    mha_status st = mha_encoder_layer_forward(&O, &S, &w, &masks, &opt, NULL, 0);
+    if (st == MHA_OK)
+        st = mha_ring_encoder_layer_forward(MPI_COMM_WORLD, &OL, &SL, &w, &opt, causal, kind);
+    double e = st == MHA_OK ? rel_err(mine, ref, &y, B, 1, E) : INFINITY;
+    char detail[200];
+    snprintf(detail, sizeof detail, "%.2e%s%s", e, st ? " " : "", st ? mha_last_error() : "");
+    report(name, st == MHA_OK && e <= 1e-5, detail);
+
+    if (!causal && !norm_first && !uneven) { /* in place, and a bad rank */
+        st = mha_ring_encoder_layer_forward(MPI_COMM_WORLD, &SL, &SL, &w, &opt, causal, kind);
+        report("encoder layer in place (out = src)",
+               st == MHA_OK && !memcmp(src.mine, mine, sizeof(float) * (size_t)(B * n * E)), NULL);
+        mha_layer_options bad = opt;
+        bad.num_heads = rank == P - 1 ? 3 : H;
+        st = mha_ring_encoder_layer_forward(MPI_COMM_WORLD, &OL, &SL, &w, &bad, causal, kind);
+        char needle[40];
+        snprintf(needle, sizeof needle, "rank %d: num_heads: 3", P - 1);
+        report("encoder layer: one rank's bad num_heads -> the same error everywhere",
+               agreed(st, MHA_ERR_SHAPE, needle), NULL);
+    }
+    free(ref);
+    free(mine);
+    pair_free(&src);
+    for (int i = 0; i < 10; i++)
+        free(wbuf[i]);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm_size(MPI_COMM_WORLD, &P);
@@ -334,6 +416,11 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof configs / sizeof *configs; i++)
         run_config(&configs[i]);
     test_bad_inputs();
+    for (int c = 0; c < 2; c++)
+        for (int nf = 0; nf < 2; nf++)
+            test_encoder(MHA_RING_ZIGZAG, 0, c, nf);
+    test_encoder(MHA_RING_CONTIGUOUS, 0, 0, 0);
+    test_encoder(MHA_RING_CONTIGUOUS, 1, 1, 0);
     if (rank == 0)
         printf("%d passed, %d failed\n", passed, failed);
     MPI_Finalize();

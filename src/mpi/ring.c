@@ -144,6 +144,15 @@ static void shard_views(const ring *R, float *buf, int64_t n, mha_tensor *k, mha
     *v = packed(buf + R->B * R->Hkv * n * R->d, R->B, R->Hkv, n, R->dv);
 }
 
+/* The caller's k (B,Hkv,n,d), v (B,Hkv,n,dv) into a packed shard buffer. */
+static void pack_own_shard(const ring *R, float *buf, int64_t n, const mha_tensor *k,
+                           const mha_tensor *v) {
+    mha_tensor ks, vs;
+    shard_views(R, buf, n, &ks, &vs);
+    move_rows(&ks, k, false);
+    move_rows(&vs, v, false);
+}
+
 static int64_t shard_floats(const ring *R, int64_t n) { return R->B * R->Hkv * n * (R->d + R->dv); }
 
 /* ---- the layout ------------------------------------------------------------ */
@@ -286,25 +295,29 @@ static mha_status post_kv(ring *R, int t, float *kv_now, float *kv_next) {
 
 /* ---- setup shared by forward and backward ---------------------------------- */
 
+/* A float32 tensor of exactly the shape want (ndim 3 or 4). */
+static mha_status check_dims(const mha_tensor *t, const char *name, int ndim, const int64_t *want) {
+    char sb[MHA_SHAPE_BUF], wb[MHA_SHAPE_BUF];
+    MHA_TRY(mha_check_tensor(t, name, ndim, MHA_F32));
+    bool same = true;
+    for (int i = 0; i < ndim; i++)
+        same &= t->shape[i] == want[i];
+    mha_tensor w = {0};
+    w.ndim = ndim;
+    memcpy(w.shape, want, sizeof(int64_t) * (size_t)ndim);
+    MHA_CHECK(same, MHA_ERR_SHAPE, "%s: shape %s, want %s", name, mha_shape_str(t, sb, sizeof sb),
+              mha_shape_str(&w, wb, sizeof wb));
+    return MHA_OK;
+}
+
 static mha_status check4(const mha_tensor *t, const char *name, int64_t a, int64_t b, int64_t c,
                          int64_t e) {
-    char sb[MHA_SHAPE_BUF];
-    MHA_TRY(mha_check_tensor(t, name, 4, MHA_F32));
-    MHA_CHECK(t->shape[0] == a && t->shape[1] == b && t->shape[2] == c && t->shape[3] == e,
-              MHA_ERR_SHAPE, "%s: shape %s, want (%lld,%lld,%lld,%lld)", name,
-              mha_shape_str(t, sb, sizeof sb), (long long)a, (long long)b, (long long)c,
-              (long long)e);
-    return MHA_OK;
+    return check_dims(t, name, 4, (int64_t[]){a, b, c, e});
 }
 
 static mha_status check_lse(const mha_tensor *t, const char *name, int64_t B, int64_t H,
                             int64_t n) {
-    char sb[MHA_SHAPE_BUF];
-    MHA_TRY(mha_check_tensor(t, name, 3, MHA_F32));
-    MHA_CHECK(t->shape[0] == B && t->shape[1] == H && t->shape[2] == n, MHA_ERR_SHAPE,
-              "%s: shape %s, want (B,H,Ll) = (%lld,%lld,%lld)", name,
-              mha_shape_str(t, sb, sizeof sb), (long long)B, (long long)H, (long long)n);
-    return MHA_OK;
+    return check_dims(t, name, 3, (int64_t[]){B, H, n});
 }
 
 /* An output: writable, overlapping none of the n inputs. */
@@ -458,6 +471,16 @@ static mha_status check_agreement(ring *R, int64_t n, const mha_ring_options *op
     return st;
 }
 
+/* A zeroed ring and this rank's checked inputs; *n its rows. */
+static mha_status ring_init(ring *R, const mha_tensor *q, const mha_tensor *k, const mha_tensor *v,
+                            const mha_ring_options *opt, int64_t *n) {
+    memset(R, 0, sizeof *R);
+    R->comm = MPI_COMM_NULL;
+    MHA_TRY(check_inputs(R, q, k, v, opt));
+    *n = q->shape[2];
+    return MHA_OK;
+}
+
 /* Duplicates comm, checks locally, agrees, gathers the sizes; on failure
  * every rank returns the same status. */
 static mha_status ring_begin(ring *R, MPI_Comm comm, mha_status local, int64_t n,
@@ -576,10 +599,8 @@ mha_status mha_ring_attention_forward(MPI_Comm comm, mha_tensor *out, mha_tensor
                                       const mha_tensor *v, const mha_ring_options *opt) {
     const double t0 = MPI_Wtime();
     ring R;
-    memset(&R, 0, sizeof R);
-    R.comm = MPI_COMM_NULL;
-    mha_status st = check_inputs(&R, q, k, v, opt);
-    const int64_t n = st == MHA_OK ? q->shape[2] : 0;
+    int64_t n = 0;
+    mha_status st = ring_init(&R, q, k, v, opt, &n);
     if (st == MHA_OK) {
         const mha_tensor *in[] = {q, k, v};
         st = check4(out, "out", R.B, R.H, n, R.dv);
@@ -590,8 +611,7 @@ mha_status mha_ring_attention_forward(MPI_Comm comm, mha_tensor *out, mha_tensor
         if (st == MHA_OK && lse)
             st = check_output(lse, "lse", (const mha_tensor *[]){q, k, v, out}, 4);
     }
-    st = ring_begin(&R, comm, st, n, opt);
-    if (st != MHA_OK) {
+    if ((st = ring_begin(&R, comm, st, n, opt)) != MHA_OK) {
         ring_end(&R, opt, t0, st);
         return st;
     }
@@ -618,9 +638,7 @@ mha_status mha_ring_attention_forward(MPI_Comm comm, mha_tensor *out, mha_tensor
     F.mrg = F.blk + sf;
 
     mha_tensor ks, vs;
-    shard_views(&R, kvb[0], n, &ks, &vs);
-    move_rows(&ks, k, false);
-    move_rows(&vs, v, false);
+    pack_own_shard(&R, kvb[0], n, k, v);
     int cur = 0;
     for (int t = 0; t < R.P && st == MHA_OK; t++) {
         const int s = (R.rank - t + R.P) % R.P;
@@ -717,14 +735,11 @@ mha_status mha_ring_attention_backward(MPI_Comm comm, mha_tensor *dq, mha_tensor
                                        const mha_tensor *v, const mha_ring_options *opt) {
     const double t0 = MPI_Wtime();
     ring R;
-    memset(&R, 0, sizeof R);
-    R.comm = MPI_COMM_NULL;
-    mha_status st = check_inputs(&R, q, k, v, opt);
-    const int64_t n = st == MHA_OK ? q->shape[2] : 0;
+    int64_t n = 0;
+    mha_status st = ring_init(&R, q, k, v, opt, &n);
     if (st == MHA_OK)
         st = check_backward(&R, dq, dk, dv, dout, out, lse, q, k, v, opt);
-    st = ring_begin(&R, comm, st, n, opt);
-    if (st != MHA_OK) {
+    if ((st = ring_begin(&R, comm, st, n, opt)) != MHA_OK) {
         ring_end(&R, opt, t0, st);
         return st;
     }
@@ -746,9 +761,7 @@ mha_status mha_ring_attention_backward(MPI_Comm comm, mha_tensor *dq, mha_tensor
     const int next = (R.rank + 1) % R.P, prev = (R.rank + R.P - 1) % R.P;
 
     mha_tensor ks, vs;
-    shard_views(&R, kvb[0], n, &ks, &vs);
-    move_rows(&ks, k, false);
-    move_rows(&vs, v, false);
+    pack_own_shard(&R, kvb[0], n, k, v);
     int cur = 0;
     for (int t = 0; t < R.P && st == MHA_OK; t++) {
         const int s = (R.rank - t + R.P) % R.P;

@@ -125,6 +125,20 @@ mha_status mha_ring_encoder_layer_forward(MPI_Comm comm, mha_tensor *out, const 
                                           const mha_layer_options *opt, int causal,
                                           mha_ring_layout layout);
 
+/* Its backward, collective: dsrc (B,Ll,E) += dL/dsrc for this rank's
+ * tokens; grads += dL/dweights of the whole sequence (each rank's sums
+ * reduced by MPI_Allreduce, so every rank adds the same values); from dout
+ * (B,Ll,E), with the forward's src, weights, options, causal and layout.
+ * The forward is recomputed inside (no saved state).  grads' fields as
+ * mha_encoder_layer_grads (NULL: not wanted); dsrc must not overlap the
+ * inputs. */
+mha_status mha_ring_encoder_layer_backward(MPI_Comm comm, mha_tensor *dsrc,
+                                           const mha_encoder_layer_grads *grads,
+                                           const mha_tensor *dout, const mha_tensor *src,
+                                           const mha_encoder_layer_weights *w,
+                                           const mha_layer_options *opt, int causal,
+                                           mha_ring_layout layout);
+
 #ifdef __cplusplus
 }
 #endif

@@ -374,6 +374,61 @@ static void test_encoder(mha_ring_layout kind, int uneven, int causal, int norm_
     snprintf(detail, sizeof detail, "%.2e%s%s", e, st ? " " : "", st ? mha_last_error() : "");
     report(name, st == MHA_OK && e <= 1e-5, detail);
 
+    /* the backward against mha_encoder_layer_forward_train + _backward */
+    size_t saved_bytes = 0;
+    mha_layer_saved_size(B, y.L, y.L, E, H, &saved_bytes);
+    void *saved = malloc(saved_bytes);
+    pair dout, dsrc;
+    pair_make(&dout, &y, B, 1, E, 22, 1);
+    pair_make(&dsrc, &y, B, 1, E, 0, 0);
+    float *gref = calloc(1024 * 4, sizeof(float)), *gmine = calloc(1024 * 4, sizeof(float));
+    mha_tensor gt[2][10];
+    mha_encoder_layer_grads gr[2];
+    for (int side = 0; side < 2; side++) {
+        float *base = side ? gmine : gref;
+        int64_t off = 0;
+        for (int i = 0; i < 10; i++) {
+            gt[side][i] = wt[i];
+            gt[side][i].data = base + off;
+            off += sizes[i];
+        }
+        memset(&gr[side], 0, sizeof gr[side]);
+        gr[side].self_attn.in_proj_weight = &gt[side][0], gr[side].self_attn.in_proj_bias = &gt[side][1];
+        gr[side].self_attn.out_proj_weight = &gt[side][2], gr[side].self_attn.out_proj_bias = &gt[side][3];
+        gr[side].linear1_weight = &gt[side][4], gr[side].linear1_bias = &gt[side][5];
+        gr[side].linear2_weight = &gt[side][6], gr[side].linear2_bias = &gt[side][7];
+        gr[side].norm1_weight = &gt[side][8], gr[side].norm1_bias = &gt[side][9];
+    }
+    mha_tensor DO, DS, DOL, DSL;
+    mha_tensor_init(&DO, MHA_F32, dout.full, 3, (int64_t[]){B, y.L, E});
+    mha_tensor_init(&DS, MHA_F32, dsrc.full, 3, (int64_t[]){B, y.L, E});
+    mha_tensor_init(&DOL, MHA_F32, dout.mine, 3, (int64_t[]){B, n, E});
+    mha_tensor_init(&DSL, MHA_F32, dsrc.mine, 3, (int64_t[]){B, n, E});
+    st = mha_encoder_layer_forward_train(&O, saved, saved_bytes, &S, &w, &masks, &opt, NULL, 0);
+    if (st == MHA_OK)
+        st = mha_encoder_layer_backward(&DS, &gr[0], &DO, saved, saved_bytes, &S, &w, &masks, &opt,
+                                        NULL, 0);
+    if (st == MHA_OK)
+        st = mha_ring_encoder_layer_backward(MPI_COMM_WORLD, &DSL, &gr[1], &DOL, &SL, &w, &opt,
+                                             causal, kind);
+    double eg = st == MHA_OK ? rel_err(dsrc.mine, dsrc.full, &y, B, 1, E) : INFINITY;
+    for (int i = 0; i < 10 && st == MHA_OK; i++) {
+        double m = 0, sc = 0;
+        for (int64_t j = 0; j < sizes[i]; j++) {
+            const float *a = gt[0][i].data, *b = gt[1][i].data;
+            m = fmax(m, fabs((double)a[j] - (double)b[j]));
+            sc = fmax(sc, fabs((double)a[j]));
+        }
+        eg = fmax(eg, m / (sc > 0 ? sc : 1));
+    }
+    snprintf(detail, sizeof detail, "dsrc and every weight %.2e%s%s", eg, st ? " " : "",
+             st ? mha_last_error() : "");
+    char bname[200];
+    snprintf(bname, sizeof bname, "%s backward", name);
+    report(bname, st == MHA_OK && eg <= 1e-5, detail);
+    free(saved), free(gref), free(gmine);
+    pair_free(&dout), pair_free(&dsrc);
+
     if (!causal && !norm_first && !uneven) { /* in place, and a bad rank */
         st = mha_ring_encoder_layer_forward(MPI_COMM_WORLD, &SL, &SL, &w, &opt, causal, kind);
         report("encoder layer in place (out = src)",

@@ -35,14 +35,13 @@ if ! command -v mpirun >/dev/null 2>&1 || [ ! -x "$TESTS" ]; then
     exit
 fi
 
-# Open MPI refuses root without these; the ASan build's leak check would
-# report Open MPI's own allocations at exit (tests/lsan.supp covers them).
+# Open MPI refuses root without these.  The ASan build's leak check would
+# report Open MPI's own allocations at exit (from MCA components already
+# unloaded, so no suppression can name them): it is off under mpirun, and
+# mha-mpi-tests checks instead that no library allocation stays live.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$(pwd)/tests/lsan.supp}; export LSAN_OPTIONS
-MPIRUN="timeout 120 mpirun --oversubscribe -x LSAN_OPTIONS"
-for v in ASAN_OPTIONS UBSAN_OPTIONS; do
-    eval "[ -n \"\${$v+set}\" ]" && MPIRUN="$MPIRUN -x $v"
-done
+ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"; export ASAN_OPTIONS
+MPIRUN="timeout 120 mpirun --oversubscribe -x ASAN_OPTIONS"
 
 # sums a suite's "N passed, M failed" into ours; the exit code must agree
 suite() {
@@ -115,7 +114,7 @@ EOF
     tx0=$(ip -n "$NS_A" -s -j link show mhv_$$ 2>/dev/null | sed -n 's/.*"tx":{"bytes":\([0-9]*\).*/\1/p')
     TCP="--hostfile $T/hosts --mca plm_rsh_agent $T/agent.sh --mca btl tcp,self
          --mca btl_tcp_if_include 10.231.7.0/24 --mca oob_tcp_if_include 10.231.7.0/24
-         -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"
+         -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM -x ASAN_OPTIONS"
     suite "two hosts over TCP: mha-mpi-tests" timeout 120 ip netns exec "$NS_A" \
         mpirun -np 2 $TCP "$TESTS" zigzag
     timeout 120 ip netns exec "$NS_A" mpirun -np 2 $TCP "$MHA" ring --seq 4096 --heads 2 \

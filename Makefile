@@ -66,6 +66,39 @@ ifeq ($(HAVE_UTF8PROC),yes)
   LDLIBS_ += -lutf8proc
 endif
 
+# ---- optional MPI component (issue 18; docs/distributed.md) ---------------------
+# When mpicc works: libmha_mpi.a (src/mpi/, include/mha_mpi.h) on top of libmha,
+# the `mha ring` command (cli/mpi/) and build/mha-mpi-tests.  libmha itself
+# never sees MPI: programs not using it link exactly as without MPI.
+MPICC    ?= mpicc
+HAVE_MPI := $(shell command -v $(MPICC) >/dev/null 2>&1 && printf 'int main(void){return 0;}\n' | OMPI_CC=$(CC) $(MPICC) -x c - -o /dev/null 2>/dev/null && echo yes)
+CLI_LINK  = $(CC)
+CLI_EXTRA :=
+ifeq ($(HAVE_MPI),yes)
+  .DEFAULT_GOAL := all
+  MPI_LIB     := $(BUILD)/libmha_mpi.a
+  MPI_OBJ     := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/mpi/*.c))
+  CLI_MPI_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard cli/mpi/*.c))
+  CLI_LINK     = OMPI_CC=$(CC) $(MPICC)
+  CLI_EXTRA   := $(CLI_MPI_OBJ) $(MPI_LIB)
+  $(BUILD)/cli/main.o: CFLAGS_ += -DMHA_HAVE_MPI
+  $(BUILD)/src/mpi/%.o: src/mpi/%.c $(wildcard include/*.h src/*.h)
+	@mkdir -p $(dir $@)
+	OMPI_CC=$(CC) $(MPICC) $(CFLAGS_) -Isrc -c $< -o $@
+  $(BUILD)/cli/mpi/%.o: cli/mpi/%.c $(wildcard include/*.h cli/*.h)
+	@mkdir -p $(dir $@)
+	OMPI_CC=$(CC) $(MPICC) $(CFLAGS_) -Icli -c $< -o $@
+  $(BUILD)/tests/mpi/%.o: tests/mpi/%.c $(wildcard include/*.h)
+	@mkdir -p $(dir $@)
+	OMPI_CC=$(CC) $(MPICC) $(CFLAGS_) -c $< -o $@
+  $(MPI_LIB): $(MPI_OBJ)
+	rm -f $@ && ar rcs $@ $^
+  $(BUILD)/mha-mpi-tests: $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/mpi/*.c)) $(MPI_LIB) $(BUILD)/libmha.a
+	OMPI_CC=$(CC) $(MPICC) -o $@ $^ $(LDSAN) $(LDLIBS_)
+  lib: $(MPI_LIB)
+  IO_TOOLS_MPI := $(BUILD)/mha-mpi-tests
+endif
+
 # ---- sources -------------------------------------------------------------------
 LIB_SRC   := $(wildcard src/*.c src/io/*.c src/kernels/*.c)
 LIB_SRC   += $(wildcard src/text/*.c)
@@ -104,8 +137,8 @@ $(SHARED): $(LIB_OBJ)
 	ln -sf libmha.so.$(VERSION) $(BUILD)/libmha.so.$(SOMAJOR)
 	ln -sf libmha.so.$(SOMAJOR) $(BUILD)/libmha.so
 
-$(CLI): $(CLI_OBJ) $(STATIC)
-	$(CC) -o $@ $(CLI_OBJ) $(STATIC) $(LDSAN) $(LDLIBS_)
+$(CLI): $(CLI_OBJ) $(CLI_EXTRA) $(STATIC)
+	$(CLI_LINK) -o $@ $(CLI_OBJ) $(CLI_EXTRA) $(STATIC) $(LDSAN) $(LDLIBS_)
 
 $(TESTS): $(TEST_OBJ) $(STATIC)
 	$(CC) -o $@ $(TEST_OBJ) $(STATIC) $(LDSAN) $(LDLIBS_)
@@ -114,7 +147,7 @@ $(TESTS): $(TEST_OBJ) $(STATIC)
 # `make fuzz-replay` replays the corpus through plain builds of the targets
 # (tests/cli/test_fuzz_replay.sh does it in `make test`); `make fuzz` runs
 # libFuzzer with ASan+UBSan for FUZZ_SECONDS per target (clang required).
-IO_TOOLS  := $(BUILD)/npycmp $(BUILD)/fuzz_npy $(BUILD)/fuzz_safetensors
+IO_TOOLS  := $(BUILD)/npycmp $(BUILD)/fuzz_npy $(BUILD)/fuzz_safetensors $(IO_TOOLS_MPI)
 FUZZ_SECONDS ?= 60
 FUZZ_LIB_SRC := src/alloc.c src/status.c src/tensor.c $(wildcard src/io/*.c)
 

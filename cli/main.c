@@ -4,6 +4,18 @@
 #include <stdio.h>
 #include <string.h>
 
+/* `mha ring` (cli/mpi/ring.c, the MPI build only; issue 18). */
+#ifdef MHA_HAVE_MPI
+int cli_ring(int argc, char **argv);
+#else
+static int cli_ring(int argc, char **argv) {
+    (void)argc, (void)argv;
+    fprintf(stderr, "mha ring: needs the MPI build (install libopenmpi-dev and openmpi-bin, "
+                    "then rebuild: make)\n");
+    return CLI_BAD_INPUT;
+}
+#endif
+
 static const struct {
     const char *name;
     int (*run)(int, char **);
@@ -19,6 +31,7 @@ static const struct {
     {"tokenize", cli_tokenize, "WordPiece ids of texts, as the model's tokenizer.json gives them"},
     {"embed", cli_embed, "sentence embeddings with all-MiniLM-L6-v2 (or another BERT model)"},
     {"search", cli_search, "the lines of a file most similar to a query (sentence embeddings)"},
+    {"ring", cli_ring, "ring attention across MPI ranks (mpirun -np P mha ring), validated"},
 };
 
 static void usage(FILE *f) {

@@ -2,6 +2,7 @@
 # Installs the optional libraries mha uses (Debian/Ubuntu), once.
 # Without root or apt-get it only reports: the build then uses its fallbacks.
 pkgs="libopenblas-dev libcjson-dev libpng-dev libutf8proc-dev"
+pkgs="$pkgs libopenmpi-dev openmpi-bin"  # MPI: libmha_mpi.a, `mha ring` (issue 18)
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"

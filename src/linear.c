@@ -156,6 +156,31 @@ mha_gemm_path mha_gemm_resolve(mha_gemm_path requested) {
 
 /* ---- the product ------------------------------------------------------------- */
 
+#ifdef MHA_HAVE_CBLAS
+/* The leading dimension cblas_sgemm accepts for a row-major (rows, cols)
+ * operand stored ld apart, or 0 when it accepts none.  CBLAS rejects
+ * ld < max(1, cols) (OpenBLAS prints "parameter number N had an illegal
+ * value" and skips the product).  The stride of a single row is never read,
+ * so it is normalised (a broadcast view of one row has stride 0); rows that
+ * truly overlap (0 < ld < cols) cannot be described to BLAS. */
+static int64_t blas_ld(int64_t ld, int64_t rows, int64_t cols) {
+    const int64_t need = cols > 1 ? cols : 1;
+    if (rows <= 1 && ld < need)
+        ld = need;
+    return ld >= need && ld <= INT32_MAX ? ld : 0;
+}
+
+static bool blas_fits(int64_t M, int64_t N, int64_t K) {
+    return M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX;
+}
+
+/* Where a product BLAS cannot take runs instead: mha's own kernels take any
+ * stride (overlapping rows are only read). */
+static mha_gemm_path blas_fallback(void) {
+    return mha_cpu_has_avx2_fma() ? MHA_GEMM_AVX2 : MHA_GEMM_PORTABLE;
+}
+#endif
+
 mha_gemm_path mha_linear_f32_path(mha_gemm_path requested, float *y, int64_t ldy, const float *x,
                                   int64_t ldx, const float *w, int64_t ldw, const float *bias,
                                   int64_t M, int64_t N, int64_t K, int accumulate) {
@@ -181,11 +206,19 @@ mha_gemm_path mha_linear_f32_path(mha_gemm_path requested, float *y, int64_t ldy
         return path;
     }
 #ifdef MHA_HAVE_CBLAS
-    if (path == MHA_GEMM_BLAS && M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX &&
-        ldx <= INT32_MAX && ldy <= INT32_MAX && ldw <= INT32_MAX) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, x,
-                    (int)ldx, w, (int)ldw, 1.0f, y, (int)ldy);
-        return path;
+    if (path == MHA_GEMM_BLAS) {
+        /* x (M,K), w (N,K), y (M,N), all row-major */
+        const int64_t lx = blas_ld(ldx, M, K), lw = blas_ld(ldw, N, K), ly = blas_ld(ldy, M, N);
+        if (blas_fits(M, N, K) && lx && lw && ly) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, x,
+                        (int)lx, w, (int)lw, 1.0f, y, (int)ly);
+            return path;
+        }
+        path = blas_fallback();
+        if (path == MHA_GEMM_AVX2) {
+            mha_gemm_f32_avx2(y, ldy, x, ldx, w, ldw, M, N, K);
+            return path;
+        }
     }
 #endif
     linear_blocked(y, ldy, x, ldx, w, ldw, M, N, K);
@@ -203,11 +236,20 @@ mha_gemm_path mha_gemm_f32_ab_path(mha_gemm_path requested, int trans_a, float *
         return path;
     }
 #ifdef MHA_HAVE_CBLAS
-    if (path == MHA_GEMM_BLAS && M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX &&
-        lda <= INT32_MAX && ldb <= INT32_MAX && ldc <= INT32_MAX) {
-        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, CblasNoTrans, (int)M,
-                    (int)N, (int)K, 1.0f, a, (int)lda, b, (int)ldb, 1.0f, c, (int)ldc);
-        return path;
+    if (path == MHA_GEMM_BLAS) {
+        /* A (M,K) or, transposed, (K,M); B (K,N); C (M,N); all row-major */
+        const int64_t la = trans_a ? blas_ld(lda, K, M) : blas_ld(lda, M, K);
+        const int64_t lb = blas_ld(ldb, K, N), lc = blas_ld(ldc, M, N);
+        if (blas_fits(M, N, K) && la && lb && lc) {
+            cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, CblasNoTrans, (int)M,
+                        (int)N, (int)K, 1.0f, a, (int)la, b, (int)lb, 1.0f, c, (int)lc);
+            return path;
+        }
+        path = blas_fallback();
+        if (path == MHA_GEMM_AVX2) {
+            mha_gemm_f32_ab_avx2(trans_a, c, ldc, a, lda, b, ldb, M, N, K);
+            return path;
+        }
     }
 #endif
     gemm_ab_blocked(trans_a, c, ldc, a, lda, b, ldb, M, N, K);

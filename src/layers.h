@@ -152,4 +152,8 @@ mha_status mha_decoder_layer_backward_at(mha_tensor *dtgt, mha_tensor *dmemory,
                                          const mha_layer_options *opt, void *workspace,
                                          size_t workspace_bytes, int64_t layer);
 
+/* The layer options every layer call checks first (transformer.c): activation,
+ * layer_norm_eps > 0 finite, dropout_p in [0,1), a known kernel. */
+mha_status mha_layer_check_options(const mha_layer_options *opt);
+
 #endif /* MHA_LAYERS_H */

@@ -318,7 +318,6 @@ static int64_t line(int64_t n) { return (n + 15) / 16 * 16; }
 static mha_status ensure_acts(mha_model *m, int64_t B, int64_t T) {
     const mha_model_config *c = &m->cfg;
     const int64_t N = B * T, E = c->dim, V = c->vocab;
-    m->B = B, m->T = T;
     size_t sb, wb;
     MHA_TRY(mha_layer_saved_size(B, T, T, E, c->heads, &sb));
     MHA_TRY(mha_layer_train_workspace_size(B, T, T, E, c->ffn, c->heads, &wb));
@@ -333,6 +332,7 @@ static mha_status ensure_acts(mha_model *m, int64_t B, int64_t T) {
                   (long long)need);
     }
     float *a = m->acts;
+    m->B = B, m->T = T; /* only once the activations fit them */
     m->x = a, a += line((c->layers + 1) * N * E);
     m->saved = a, m->saved_floats = sf, a += c->layers * sf;
     m->h = a, a += line(N * E);
@@ -409,9 +409,13 @@ mha_status mha_model_forward(mha_model *m, const int64_t *tokens, const int64_t 
     mha_layer_masks masks = {NULL, NULL, c->causal, NULL, NULL};
     for (int64_t l = 0; l < c->layers; l++) {
         mha_tensor in = seq_view(m, m->x + l * N * E), out = seq_view(m, m->x + (l + 1) * N * E);
-        MHA_TRY(mha_encoder_layer_forward_train_at(
+        mha_status st = mha_encoder_layer_forward_train_at(
             &out, m->saved + l * m->saved_floats, sizeof(float) * (size_t)m->saved_floats, &in,
-            &m->lw[l], &masks, &o, m->ws, sizeof(float) * (size_t)m->ws_floats, l));
+            &m->lw[l], &masks, &o, m->ws, sizeof(float) * (size_t)m->ws_floats, l);
+        if (st != MHA_OK) { /* half-written activations: a backward must not use them */
+            m->have_targets = 0;
+            return st;
+        }
     }
     const float *top = m->x + c->layers * N * E;
     if (c->norm_first) {

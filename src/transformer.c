@@ -118,7 +118,7 @@ static mha_status check_seq(const mha_tensor *t, const char *name, int64_t *B, i
     return MHA_OK;
 }
 
-static mha_status check_options(const mha_layer_options *opt) {
+mha_status mha_layer_check_options(const mha_layer_options *opt) {
     MHA_CHECK(opt != NULL, MHA_ERR_NULL, "layer: NULL options");
     MHA_CHECK(opt->activation >= MHA_ACT_RELU && opt->activation <= MHA_ACT_SILU, MHA_ERR_VALUE,
               "activation: unknown value %d", (int)opt->activation);
@@ -127,6 +127,8 @@ static mha_status check_options(const mha_layer_options *opt) {
               (double)opt->layer_norm_eps);
     MHA_CHECK(opt->dropout_p >= 0.0f && opt->dropout_p < 1.0f, MHA_ERR_VALUE,
               "dropout_p: %g must be in [0,1)", (double)opt->dropout_p);
+    MHA_CHECK(opt->kernel >= MHA_KERNEL_AUTO && opt->kernel <= MHA_KERNEL_AVX2, MHA_ERR_VALUE,
+              "kernel: unknown kernel %d", (int)opt->kernel);
     return MHA_OK;
 }
 
@@ -138,7 +140,7 @@ static mha_status run_begin(layer_run *r, const mha_tensor *x, const mha_tensor 
     char sb[MHA_SHAPE_BUF];
     memset(r, 0, sizeof *r);
     *owned = NULL;
-    MHA_TRY(check_options(opt));
+    MHA_TRY(mha_layer_check_options(opt));
     MHA_TRY(check_seq(x, memory ? "tgt" : "src", &r->B, &r->L, &r->E));
     r->batched = x->ndim == 3;
     r->S = r->L;
@@ -532,7 +534,7 @@ static mha_status train_begin(train_run *r, const mha_tensor *x, const mha_tenso
                               void *workspace, size_t workspace_bytes, int64_t layer) {
     char sb[MHA_SHAPE_BUF];
     memset(r, 0, sizeof *r);
-    MHA_TRY(check_options(opt));
+    MHA_TRY(mha_layer_check_options(opt));
     MHA_TRY(check_seq(x, memory ? "tgt" : "src", &r->B, &r->L, &r->E));
     r->S = r->L;
     if (memory) {
@@ -1080,7 +1082,7 @@ static mha_status stack_begin(const mha_tensor *x, const mha_tensor *memory, int
                               float **owned) {
     int64_t B, L, E, S;
     *owned = NULL;
-    MHA_TRY(check_options(opt));
+    MHA_TRY(mha_layer_check_options(opt));
     MHA_TRY(check_seq(x, memory ? "tgt" : "src", &B, &L, &E));
     S = L;
     if (memory) {

@@ -43,14 +43,8 @@ const char *mha_kernel_name(mha_kernel kernel) {
 mha_kernel mha_kernel_resolve(mha_kernel requested) {
     if (requested != MHA_KERNEL_AUTO)
         return requested;
-    const char *env = getenv("MHA_KERNEL");
-    if (env && strcmp(env, "ref") == 0)
-        return MHA_KERNEL_REF;
-    if (env && strcmp(env, "scalar") == 0)
-        return MHA_KERNEL_SCALAR;
-    if (env && strcmp(env, "avx2") == 0)
-        return MHA_KERNEL_AVX2;
-    return mha_attn_best_kernel();
+    mha_kernel env = mha_runtime_kernel_env();
+    return env != MHA_KERNEL_AUTO ? env : mha_attn_best_kernel();
 }
 
 /* ---- dropout hash ------------------------------------------------------- */
@@ -245,6 +239,7 @@ mha_status mha_sdpa_forward(mha_tensor *out, const mha_tensor *q, const mha_tens
 }
 
 mha_status mha_attn_run(const mha_attn_problem *p, mha_kernel kernel) {
+    MHA_TRY(mha_runtime_check());
     if (p->B == 0 || p->Hq == 0 || p->L == 0)
         return MHA_OK; /* empty output, nothing to compute */
     mha_kernel kr = mha_kernel_resolve(kernel);

@@ -114,6 +114,7 @@ static mha_status sdpa_problem(mha_attn_problem *p, const mha_tensor *q, const m
 
 mha_status mha_attn_bwd_run(const mha_attn_problem *p, const mha_attn_grad *g,
                             mha_kernel kernel) {
+    MHA_TRY(mha_runtime_check());
     if (p->B == 0 || p->Hq == 0 || p->L == 0 || p->S == 0)
         return MHA_OK; /* nothing attends: zero gradient */
     switch (mha_kernel_resolve(kernel)) {

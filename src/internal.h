@@ -118,6 +118,11 @@ static inline float mha_mask_value(const mha_tensor *m, int64_t off, mha_mask_po
 /* ---- threads ------------------------------------------------------------- */
 int mha_threads(void); /* the count a parallel region should use (>= 1) */
 
+/* ---- the environment's kernel and GEMM choice (runtime.c) ---------------- */
+/* MHA_KERNEL's choice, AUTO when unset, empty or unknown (an unknown value
+ * is reported by mha_runtime_check, which every computing entry calls). */
+mha_kernel mha_runtime_kernel_env(void);
+
 /* ---- dropout ------------------------------------------------------------- */
 
 /* Uniform [0,1) from a counter-based hash of (seed, b, h, i, j).

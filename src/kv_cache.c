@@ -346,6 +346,7 @@ static mha_status decode_ref(mha_tensor *out, const mha_tensor *q, const mha_kv_
 mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q, const mha_kv_cache *c,
                                 const mha_sdpa_options *opt) {
     char s1[MHA_SHAPE_BUF];
+    MHA_TRY(mha_runtime_check());
     mha_sdpa_options defaults;
     if (!opt) {
         mha_sdpa_options_init(&defaults);

@@ -135,14 +135,8 @@ static mha_gemm_path gemm_best(void) {
 
 mha_gemm_path mha_gemm_resolve(mha_gemm_path requested) {
     if (requested == MHA_GEMM_AUTO) {
-        const char *env = getenv("MHA_GEMM");
-        if (env && strcmp(env, "blas") == 0)
-            requested = MHA_GEMM_BLAS;
-        else if (env && strcmp(env, "avx2") == 0)
-            requested = MHA_GEMM_AVX2;
-        else if (env && strcmp(env, "portable") == 0)
-            requested = MHA_GEMM_PORTABLE;
-        else
+        requested = mha_runtime_gemm_env();
+        if (requested == MHA_GEMM_AUTO)
             return gemm_best();
     }
 #ifndef MHA_HAVE_CBLAS

@@ -18,6 +18,7 @@
 mha_status mha_linear_forward(mha_tensor *out, const mha_tensor *x, const mha_tensor *weight,
                               const mha_tensor *bias) {
     int64_t N, K, F = -1;
+    MHA_TRY(mha_runtime_check());
     MHA_TRY(mha_rows_check(x, "x", -1, &N, &K));
     MHA_CHECK(weight != NULL, MHA_ERR_NULL, "weight: NULL tensor");
     MHA_TRY(mha_check_tensor(weight, "weight", 2, MHA_F32));
@@ -116,6 +117,7 @@ mha_status mha_mlp_forward(mha_tensor *out, const mha_tensor *x, const mha_mlp_w
                            mha_activation act, void *workspace, size_t workspace_bytes) {
     int64_t N, E;
     mha_mlp_raw m;
+    MHA_TRY(mha_runtime_check());
     MHA_CHECK(act >= MHA_ACT_RELU && act <= MHA_ACT_SILU, MHA_ERR_VALUE,
               "activation: unknown value %d", (int)act);
     MHA_TRY(mha_rows_check(x, "x", -1, &N, &E));
@@ -337,6 +339,7 @@ mha_status mha_linear_backward(mha_tensor *dx, mha_tensor *dweight, mha_tensor *
                                const mha_tensor *dout, const mha_tensor *x,
                                const mha_tensor *weight) {
     int64_t N, K, F;
+    MHA_TRY(mha_runtime_check());
     MHA_TRY(mha_rows_check(x, "x", -1, &N, &K));
     MHA_CHECK(weight != NULL, MHA_ERR_NULL, "weight: NULL tensor");
     MHA_TRY(mha_check_tensor(weight, "weight", 2, MHA_F32));
@@ -398,6 +401,7 @@ mha_status mha_mlp_backward(mha_tensor *dx, const mha_mlp_grads *grads, const mh
                             void *workspace, size_t workspace_bytes) {
     int64_t N, E;
     mha_mlp_raw m;
+    MHA_TRY(mha_runtime_check());
     MHA_CHECK(act >= MHA_ACT_RELU && act <= MHA_ACT_SILU, MHA_ERR_VALUE,
               "activation: unknown value %d", (int)act);
     MHA_TRY(mha_rows_check(x, "x", -1, &N, &E));

@@ -370,6 +370,7 @@ mha_status mha_model_forward(mha_model *m, const int64_t *tokens, const int64_t 
                              int64_t B, int64_t T, int training, uint64_t step_seed,
                              float *loss) {
     MHA_CHECK(m != NULL && tokens != NULL, MHA_ERR_NULL, "model: NULL model or tokens");
+    MHA_TRY(mha_runtime_check());
     const mha_model_config *c = &m->cfg;
     MHA_CHECK(B >= 1 && T >= 1 && T <= c->max_len, MHA_ERR_SHAPE,
               "model: tokens (B,T) = (%lld,%lld), T must be in 1..max_len %lld", (long long)B,
@@ -458,6 +459,7 @@ mha_status mha_model_backward(mha_model *m) {
     MHA_CHECK(m != NULL, MHA_ERR_NULL, "model: NULL model");
     MHA_CHECK(m->acts != NULL && m->have_targets, MHA_ERR_VALUE,
               "model: backward needs a forward call with targets first");
+    MHA_TRY(mha_runtime_check());
     const mha_model_config *c = &m->cfg;
     const int64_t B = m->B, T = m->T, N = B * T, E = c->dim, V = c->vocab;
     /* dlogits = (p - onehot(target)) / count, 0 on ignored rows */

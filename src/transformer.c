@@ -120,6 +120,7 @@ static mha_status check_seq(const mha_tensor *t, const char *name, int64_t *B, i
 
 mha_status mha_layer_check_options(const mha_layer_options *opt) {
     MHA_CHECK(opt != NULL, MHA_ERR_NULL, "layer: NULL options");
+    MHA_TRY(mha_runtime_check());
     MHA_CHECK(opt->activation >= MHA_ACT_RELU && opt->activation <= MHA_ACT_SILU, MHA_ERR_VALUE,
               "activation: unknown value %d", (int)opt->activation);
     MHA_CHECK(opt->layer_norm_eps > 0.0f && opt->layer_norm_eps < __builtin_inff(),

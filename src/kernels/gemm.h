@@ -24,6 +24,9 @@ typedef enum {
 
 const char *mha_gemm_path_name(mha_gemm_path path);
 
+/* MHA_GEMM's choice, AUTO when unset, empty or unknown (runtime.c). */
+mha_gemm_path mha_runtime_gemm_env(void);
+
 /* The path a call with `requested` runs on this machine and build (never
  * AUTO): AUTO reads MHA_GEMM, then the CPU / OpenBLAS check; an unavailable
  * path (blas without CBLAS, avx2 without AVX2/FMA) falls back to the best

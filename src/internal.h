@@ -213,6 +213,16 @@ static inline float mha_attn_softcap(float s, float cap) {
 float mha_attn_bias(const mha_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j);
 
 /* Validates the masked-row policy and dropout options into p. */
+/* THE SDPA problem that (q, k, v, opt) describe, for the forward, the
+ * backward and (through mha_sdpa_forward) ONNX: tensor and shape checks,
+ * overflow of the kernels' index products, scale, causal alignment, masks
+ * and key padding broadcast to (B,Hq,L,S), masked_rows and dropout
+ * (mha_attn_check_common); p->q/k/v set.  The callers layer their output
+ * and alias checks and mha_attn_check_modern after it. */
+mha_status mha_sdpa_problem_init(mha_attn_problem *p, const mha_tensor *q, const mha_tensor *k,
+                                 const mha_tensor *v, const mha_sdpa_options *opt);
+/* p->scale from opt (scale_set: finite) or 1/sqrt(p->d); decode uses it too. */
+mha_status mha_attn_resolve_scale(mha_attn_problem *p, const mha_sdpa_options *opt);
 mha_status mha_attn_check_common(mha_attn_problem *p, mha_masked_rows masked_rows, int training,
                                  float dropout_p, uint64_t seed);
 

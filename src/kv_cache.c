@@ -382,12 +382,7 @@ mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q, const mha_
     memset(&p, 0, sizeof p);
     p.B = B, p.Hq = Hq, p.Hkv = c->Hkv, p.L = 1, p.S = len, p.d = d, p.dv = dv;
     p.q = *q, p.o = *out;
-    if (opt->scale_set) {
-        MHA_CHECK(isfinite(opt->scale), MHA_ERR_VALUE, "scale: %g is not finite", (double)opt->scale);
-        p.scale = opt->scale;
-    } else {
-        p.scale = (float)(1.0 / sqrt((double)d));
-    }
+    MHA_TRY(mha_attn_resolve_scale(&p, opt));
     mha_sdpa_options o = *opt;
     o.rope = MHA_ROPE_NONE; /* rotated here, at position pos - 1 */
     float *unused = NULL;

@@ -89,12 +89,7 @@ static void task_layout(task *t) {
     t->V = t->causal ? 12 : 11;
 }
 
-static uint64_t mix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
+static uint64_t mix64(uint64_t x) { return mha_splitmix64(x); }
 
 /* B sequences (B,T) and targets for (seed, stream, index). */
 static void make_batch(const task *t, int64_t *tok, int64_t *tgt, int64_t B, uint64_t seed,

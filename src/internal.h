@@ -122,6 +122,8 @@ int mha_threads(void); /* the count a parallel region should use (>= 1) */
 /* MHA_KERNEL's choice, AUTO when unset, empty or unknown (an unknown value
  * is reported by mha_runtime_check, which every computing entry calls). */
 mha_kernel mha_runtime_kernel_env(void);
+/* True when the CPU has AVX2 and FMA (runtime.c: the one probe). */
+bool mha_cpu_has_avx2_fma(void);
 
 /* ---- dropout ------------------------------------------------------------- */
 
@@ -208,9 +210,7 @@ static inline float mha_attn_softcap(float s, float cap) {
     return cap * copysignf((1.0f - t) / (1.0f + t), y);
 }
 
-/* Additive bias for (b,h,i,j) from causal, mask and key padding mask;
- * -inf when masked. */
-float mha_attn_bias(const mha_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j);
+/* The additive bias of score (b,h,i,j): src/kernels/attention_bias.h. */
 
 /* Validates the masked-row policy and dropout options into p. */
 /* THE SDPA problem that (q, k, v, opt) describe, for the forward, the

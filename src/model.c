@@ -176,12 +176,7 @@ static int64_t fill_table(const mha_model_config *c, param_info *t, int64_t *n_p
 }
 
 /* SplitMix64 finaliser; ref: Steele, Lea, Flood, OOPSLA 2014. */
-static uint64_t mix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
+static uint64_t mix64(uint64_t x) { return mha_splitmix64(x); }
 
 /* uniform(-a, a) for element i of tensor k */
 static float uniform(uint64_t seed, int64_t k, int64_t i, double a) {

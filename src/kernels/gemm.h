@@ -60,7 +60,4 @@ mha_gemm_path mha_gemm_f32_ab_path(mha_gemm_path requested, int trans_a, float *
 void mha_gemm_f32_ab_avx2(int trans_a, float *c, int64_t ldc, const float *a, int64_t lda,
                           const float *b, int64_t ldb, int64_t M, int64_t N, int64_t K);
 
-/* True when the CPU has AVX2 and FMA. */
-bool mha_cpu_has_avx2_fma(void);
-
 #endif /* MHA_KERNELS_GEMM_H */

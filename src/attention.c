@@ -52,12 +52,31 @@ mha_status mha_attn_resolve_scale(mha_attn_problem *p, const mha_sdpa_options *o
     return MHA_OK;
 }
 
+/* out (B,Hq,L,dv): shape, writable, no overlap with q, k, v. */
+static mha_status check_out(const mha_attn_problem *p, const mha_tensor *out, const mha_tensor *q,
+                            const mha_tensor *k, const mha_tensor *v) {
+    char s1[MHA_SHAPE_BUF];
+    MHA_CHECK(out->shape[0] == p->B && out->shape[1] == p->Hq && out->shape[2] == p->L &&
+                  out->shape[3] == p->dv,
+              MHA_ERR_SHAPE, "out: shape %s, want (%lld,%lld,%lld,%lld)",
+              mha_shape_str(out, s1, sizeof s1), (long long)p->B, (long long)p->Hq,
+              (long long)p->L, (long long)p->dv);
+    MHA_TRY(mha_check_writable(out, "out"));
+    MHA_CHECK(!mha_tensors_overlap(out, q) && !mha_tensors_overlap(out, k) &&
+                  !mha_tensors_overlap(out, v),
+              MHA_ERR_ALIAS, "out: overlaps an input");
+    return MHA_OK;
+}
+
 mha_status mha_sdpa_problem_init(mha_attn_problem *p, const mha_tensor *q, const mha_tensor *k,
-                                 const mha_tensor *v, const mha_sdpa_options *opt) {
+                                 const mha_tensor *v, const mha_tensor *out,
+                                 const mha_sdpa_options *opt) {
     char s1[MHA_SHAPE_BUF], s2[MHA_SHAPE_BUF];
     MHA_TRY(mha_check_tensor(q, "q", 4, MHA_F32));
     MHA_TRY(mha_check_tensor(k, "k", 4, MHA_F32));
     MHA_TRY(mha_check_tensor(v, "v", 4, MHA_F32));
+    if (out)
+        MHA_TRY(mha_check_tensor(out, "out", 4, MHA_F32));
     memset(p, 0, sizeof *p);
     p->B = q->shape[0], p->Hq = q->shape[1], p->L = q->shape[2], p->d = q->shape[3];
     p->Hkv = k->shape[1], p->S = k->shape[2], p->dv = v->shape[3];
@@ -74,6 +93,8 @@ mha_status mha_sdpa_problem_init(mha_attn_problem *p, const mha_tensor *q, const
     MHA_CHECK(p->Hkv == 0 || p->Hq % p->Hkv == 0, MHA_ERR_SHAPE,
               "k: %lld kv heads do not divide %lld query heads", (long long)p->Hkv,
               (long long)p->Hq);
+    if (out)
+        MHA_TRY(check_out(p, out, q, k, v));
     int64_t work; /* the kernels index rows B*Hq*L of max(S,d) and dv, B*Hkv*S of max(d,dv) */
     MHA_CHECK(mha_product((int64_t[]){p->B, p->Hq, p->L, p->S > p->d ? p->S : p->d}, 4, &work) &&
                   mha_product((int64_t[]){p->B, p->Hq, p->L, p->dv}, 4, &work) &&
@@ -94,6 +115,7 @@ mha_status mha_sdpa_problem_init(mha_attn_problem *p, const mha_tensor *q, const
     if (opt->mask) {
         MHA_TRY(check_polarity(opt->mask_polarity, "mask_polarity"));
         MHA_TRY(mha_broadcast4(opt->mask, "mask", full, &p->mask));
+        MHA_CHECK(!mha_tensors_overlap(out, opt->mask), MHA_ERR_ALIAS, "out: overlaps mask");
         p->mask_polarity = opt->mask_polarity;
     }
     if (opt->key_padding_mask) {
@@ -108,10 +130,13 @@ mha_status mha_sdpa_problem_init(mha_attn_problem *p, const mha_tensor *q, const
         as4.stride[3] = m->stride[1], as4.stride[0] = m->stride[0];
         as4.stride[1] = as4.stride[2] = 0;
         MHA_TRY(mha_broadcast4(&as4, "key_padding_mask", full, &p->kpm));
+        MHA_CHECK(!mha_tensors_overlap(out, m), MHA_ERR_ALIAS, "out: overlaps key_padding_mask");
         p->kpm_polarity = opt->key_padding_polarity;
     }
     MHA_TRY(mha_attn_check_common(p, opt->masked_rows, opt->training, opt->dropout_p, opt->seed));
     p->q = *q, p->k = *k, p->v = *v;
+    if (out)
+        p->o = *out;
     return MHA_OK;
 }
 
@@ -122,24 +147,10 @@ mha_status mha_sdpa_forward(mha_tensor *out, const mha_tensor *q, const mha_tens
         mha_sdpa_options_init(&defaults);
         opt = &defaults;
     }
+    MHA_CHECK(out != NULL, MHA_ERR_NULL, "out: NULL tensor");
     mha_attn_problem p;
-    MHA_TRY(mha_sdpa_problem_init(&p, q, k, v, opt));
-
-    /* the outputs, layered after the problem */
+    MHA_TRY(mha_sdpa_problem_init(&p, q, k, v, out, opt));
     char s1[MHA_SHAPE_BUF];
-    MHA_TRY(mha_check_tensor(out, "out", 4, MHA_F32));
-    MHA_CHECK(out->shape[0] == p.B && out->shape[1] == p.Hq && out->shape[2] == p.L &&
-                  out->shape[3] == p.dv,
-              MHA_ERR_SHAPE, "out: shape %s, want (%lld,%lld,%lld,%lld)",
-              mha_shape_str(out, s1, sizeof s1), (long long)p.B, (long long)p.Hq,
-              (long long)p.L, (long long)p.dv);
-    MHA_TRY(mha_check_writable(out, "out"));
-    MHA_CHECK(!mha_tensors_overlap(out, q) && !mha_tensors_overlap(out, k) &&
-                  !mha_tensors_overlap(out, v),
-              MHA_ERR_ALIAS, "out: overlaps an input");
-    MHA_CHECK(!mha_tensors_overlap(out, opt->mask), MHA_ERR_ALIAS, "out: overlaps mask");
-    MHA_CHECK(!mha_tensors_overlap(out, opt->key_padding_mask), MHA_ERR_ALIAS,
-              "out: overlaps key_padding_mask");
     if (opt->weights) {
         MHA_TRY(mha_check_tensor(opt->weights, "weights", 4, MHA_F32));
         const mha_tensor *w = opt->weights;
@@ -156,7 +167,6 @@ mha_status mha_sdpa_forward(mha_tensor *out, const mha_tensor *q, const mha_tens
                   MHA_ERR_ALIAS, "weights: overlaps another argument");
         p.weights = *w;
     }
-    p.o = *out;
     float *rope_buf = NULL; /* rotated q and k when opt->rope */
     MHA_TRY(mha_attn_check_modern(&p, opt, out, &rope_buf));
     mha_status st = mha_attn_run(&p, opt->kernel);

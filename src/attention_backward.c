@@ -30,7 +30,7 @@ static mha_status check_shape4(const mha_tensor *t, const char *name, int64_t a,
  * not part of it. */
 static mha_status sdpa_problem(mha_attn_problem *p, const mha_tensor *q, const mha_tensor *k,
                                const mha_tensor *v, const mha_sdpa_options *opt) {
-    MHA_TRY(mha_sdpa_problem_init(p, q, k, v, opt));
+    MHA_TRY(mha_sdpa_problem_init(p, q, k, v, NULL, opt));
     /* softcap, window, per-batch offsets and key lengths, ALiBi, sinks:
      * resolved by the forward's own validation */
     MHA_CHECK(opt->rope == MHA_ROPE_NONE, MHA_ERR_UNSUPPORTED,

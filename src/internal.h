@@ -217,10 +217,14 @@ static inline float mha_attn_softcap(float s, float cap) {
  * backward and (through mha_sdpa_forward) ONNX: tensor and shape checks,
  * overflow of the kernels' index products, scale, causal alignment, masks
  * and key padding broadcast to (B,Hq,L,S), masked_rows and dropout
- * (mha_attn_check_common); p->q/k/v set.  The callers layer their output
- * and alias checks and mha_attn_check_modern after it. */
+ * (mha_attn_check_common); p->q/k/v set.  out (B,Hq,L,dv) or NULL (the
+ * backward): its shape, writability and overlap with q/k/v/masks are
+ * checked where the forward always checked them (before the size
+ * products), and p->o set.  The callers layer their other outputs' checks
+ * and mha_attn_check_modern after it. */
 mha_status mha_sdpa_problem_init(mha_attn_problem *p, const mha_tensor *q, const mha_tensor *k,
-                                 const mha_tensor *v, const mha_sdpa_options *opt);
+                                 const mha_tensor *v, const mha_tensor *out,
+                                 const mha_sdpa_options *opt);
 /* p->scale from opt (scale_set: finite) or 1/sqrt(p->d); decode uses it too. */
 mha_status mha_attn_resolve_scale(mha_attn_problem *p, const mha_sdpa_options *opt);
 mha_status mha_attn_check_common(mha_attn_problem *p, mha_masked_rows masked_rows, int training,

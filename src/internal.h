@@ -47,6 +47,13 @@ const char *mha_shape_str(const mha_tensor *t, char *buf, size_t size);
  * mha_malloc returns 64-byte aligned memory; free it with mha_free. */
 void *mha_malloc(size_t bytes);
 void *mha_calloc(size_t count, size_t size);
+
+/* THE "caller's workspace or our own" rule of every planned call: the
+ * caller's workspace when given (at least need bytes, float-aligned, else
+ * MHA_ERR_VALUE naming `what`), or one mha_malloc of need bytes, which
+ * *owned then holds (NULL otherwise; mha_free(*owned) when done). */
+mha_status mha_workspace_get(void *workspace, size_t workspace_bytes, size_t need,
+                             const char *what, float **ws, float **owned);
 void mha_free(void *p);
 
 /* Test hook (exported for the test suite only, under an mha_test_ prefix):

@@ -29,6 +29,8 @@ mha_status mha_matrix_check(const mha_tensor *t, const char *name, int64_t rows,
 static inline const float *mha_fdata(const mha_tensor *t) {
     return t ? (const float *)t->data : NULL;
 }
+/* A gradient's data, NULL for a NULL (not wanted) gradient. */
+static inline float *mha_gdata(mha_tensor *t) { return t ? (float *)t->data : NULL; }
 
 /* ---- norms (norm.c): y (N,E) from x (N,E); w, b (E) or NULL; y may be x. */
 void mha_layernorm_f32(float *y, const float *x, int64_t N, int64_t E, const float *w,

@@ -1,13 +1,17 @@
 /* linear.c - y = x w^T + bias, the projections' GEMM; and the backward's
  * C += A B, C += A^T B (mha_gemm_f32_ab).
  *
- * Three paths (src/kernels/gemm.h): one cblas_sgemm call (OpenBLAS), mha's
- * packed AVX2+FMA kernel (src/kernels/gemm_avx2.c), or the cache-blocked
- * portable loop below (the reference, always built).  Letters: M rows of x,
- * K input features, N output features.
+ * THE GEMM route: every product of the library goes through the two
+ * dispatchers here.  Three paths (src/kernels/gemm.h): one cblas_sgemm call
+ * (OpenBLAS), mha's packed AVX2+FMA kernel (src/kernels/gemm_avx2.c), or the
+ * cache-blocked portable loops (src/kernels/gemm_ref.c, the reference,
+ * always built); the choice is src/runtime.c's.  Also the public Linear
+ * functions (nn.Linear forward and backward).  Letters: M rows of x, K input
+ * features, N output features.
  */
 #include "internal.h"
 #include "kernels/gemm.h"
+#include "layers.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -16,63 +20,6 @@
 #ifdef MHA_HAVE_CBLAS
 #include <cblas.h>
 #endif
-
-/* Portable fallback: blocks of rows x columns so a panel of w stays in cache;
- * the k-loop is innermost and contiguous in both x and w. */
-static void linear_blocked(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
-                           int64_t ldw, int64_t M, int64_t N, int64_t K) {
-    enum { ROWS = 32, COLS = 64 };
-#pragma omp parallel for collapse(2) schedule(static) num_threads(mha_threads())
-    for (int64_t r0 = 0; r0 < M; r0 += ROWS) {
-        for (int64_t c0 = 0; c0 < N; c0 += COLS) {
-            int64_t r1 = r0 + ROWS < M ? r0 + ROWS : M;
-            int64_t c1 = c0 + COLS < N ? c0 + COLS : N;
-            for (int64_t r = r0; r < r1; r++) {
-                const float *xr = x + r * ldx;
-                for (int64_t c = c0; c < c1; c++) {
-                    const float *wc = w + c * ldw;
-                    float acc[8] = {0};
-                    int64_t kk = 0;
-                    for (; kk + 8 <= K; kk += 8)
-                        for (int u = 0; u < 8; u++)
-                            acc[u] += xr[kk + u] * wc[kk + u];
-                    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +
-                              ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-                    for (; kk < K; kk++)
-                        s += xr[kk] * wc[kk];
-                    y[r * ldy + c] += s;
-                }
-            }
-        }
-    }
-}
-
-/* Portable C (M,N) += op(A) (M,K) B (K,N), op(A) = A (M,K) or A^T for A
- * (K,M): blocks of rows x columns of C (fixed by the problem size), each
- * owned by one thread; per row, k ascending, an axpy of a row of B into C
- * (contiguous, vectorisable), so every element sums k in order. */
-static void gemm_ab_blocked(int trans_a, float *c, int64_t ldc, const float *a, int64_t lda,
-                            const float *b, int64_t ldb, int64_t M, int64_t N, int64_t K) {
-    enum { ROWS = 16, COLS = 256, KB = 256 };
-    const int64_t nrb = (M + ROWS - 1) / ROWS, ncb = (N + COLS - 1) / COLS;
-#pragma omp parallel for schedule(static) num_threads(mha_threads())
-    for (int64_t t = 0; t < nrb * ncb; t++) {
-        const int64_t r0 = t / ncb * ROWS, c0 = t % ncb * COLS;
-        const int64_t r1 = r0 + ROWS < M ? r0 + ROWS : M, c1 = c0 + COLS < N ? c0 + COLS : N;
-        for (int64_t k0 = 0; k0 < K; k0 += KB) {
-            const int64_t k1 = k0 + KB < K ? k0 + KB : K;
-            for (int64_t r = r0; r < r1; r++) {
-                float *cr = c + r * ldc;
-                for (int64_t k = k0; k < k1; k++) {
-                    const float s = trans_a ? a[k * lda + r] : a[r * lda + k];
-                    const float *br = b + k * ldb;
-                    for (int64_t j = c0; j < c1; j++)
-                        cr[j] += s * br[j];
-                }
-            }
-        }
-    }
-}
 
 /* ---- the product ------------------------------------------------------------- */
 
@@ -141,7 +88,7 @@ mha_gemm_path mha_linear_f32_path(mha_gemm_path requested, float *y, int64_t ldy
         }
     }
 #endif
-    linear_blocked(y, ldy, x, ldx, w, ldw, M, N, K);
+    mha_gemm_f32_ref(y, ldy, x, ldx, w, ldw, M, N, K);
     return MHA_GEMM_PORTABLE;
 }
 
@@ -172,7 +119,7 @@ mha_gemm_path mha_gemm_f32_ab_path(mha_gemm_path requested, int trans_a, float *
         }
     }
 #endif
-    gemm_ab_blocked(trans_a, c, ldc, a, lda, b, ldb, M, N, K);
+    mha_gemm_f32_ab_ref(trans_a, c, ldc, a, lda, b, ldb, M, N, K);
     return MHA_GEMM_PORTABLE;
 }
 
@@ -185,4 +132,54 @@ void mha_linear_f32(float *y, int64_t ldy, const float *x, int64_t ldx, const fl
                     int64_t ldw, const float *bias, int64_t M, int64_t N, int64_t K,
                     int accumulate) {
     mha_linear_f32_path(MHA_GEMM_AUTO, y, ldy, x, ldx, w, ldw, bias, M, N, K, accumulate);
+}
+
+/* ---- nn.Linear, the public entries --------------------------------------------------- */
+
+mha_status mha_linear_forward(mha_tensor *out, const mha_tensor *x, const mha_tensor *weight,
+                              const mha_tensor *bias) {
+    int64_t N, K, F = -1;
+    MHA_TRY(mha_runtime_check());
+    MHA_TRY(mha_rows_check(x, "x", -1, &N, &K));
+    MHA_CHECK(weight != NULL, MHA_ERR_NULL, "weight: NULL tensor");
+    MHA_TRY(mha_check_tensor(weight, "weight", 2, MHA_F32));
+    F = weight->shape[0];
+    int64_t k = K;
+    MHA_TRY(mha_matrix_check(weight, "weight", F, &k));
+    MHA_TRY(mha_vector_check(bias, "bias", F));
+    MHA_TRY(mha_rows_check_out(out, x, "out", N, F, false));
+    MHA_CHECK(!mha_tensors_overlap(out, weight) && (!bias || !mha_tensors_overlap(out, bias)),
+              MHA_ERR_ALIAS, "out: overlaps weight or bias");
+    mha_linear_f32(out->data, F, x->data, K, weight->data, K, mha_fdata(bias), N, F, K, 0);
+    return MHA_OK;
+}
+
+mha_status mha_linear_backward(mha_tensor *dx, mha_tensor *dweight, mha_tensor *dbias,
+                               const mha_tensor *dout, const mha_tensor *x,
+                               const mha_tensor *weight) {
+    int64_t N, K, F;
+    MHA_TRY(mha_runtime_check());
+    MHA_TRY(mha_rows_check(x, "x", -1, &N, &K));
+    MHA_CHECK(weight != NULL, MHA_ERR_NULL, "weight: NULL tensor");
+    MHA_TRY(mha_check_tensor(weight, "weight", 2, MHA_F32));
+    F = weight->shape[0];
+    int64_t k = K;
+    MHA_TRY(mha_matrix_check(weight, "weight", F, &k));
+    MHA_TRY(mha_rows_check_out(dout, x, "dout", N, F, false));
+    if (dx) {
+        MHA_TRY(mha_rows_check_out(dx, x, "dx", N, K, false));
+        MHA_CHECK(!mha_tensors_overlap(dx, dout) && !mha_tensors_overlap(dx, weight),
+                  MHA_ERR_ALIAS, "dx: overlaps dout or weight");
+    }
+    if (dweight) {
+        k = K;
+        MHA_TRY(mha_matrix_check(dweight, "dweight", F, &k));
+        MHA_CHECK(!mha_tensors_overlap(dweight, dout) && !mha_tensors_overlap(dweight, x) &&
+                      !mha_tensors_overlap(dweight, weight),
+                  MHA_ERR_ALIAS, "dweight: overlaps an input");
+    }
+    MHA_TRY(mha_vector_check(dbias, "dbias", F));
+    mha_linear_backward_f32(mha_gdata(dx), mha_gdata(dweight), mha_gdata(dbias), dout->data, x->data,
+                            weight->data, N, F, K);
+    return MHA_OK;
 }

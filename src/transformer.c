@@ -159,17 +159,7 @@ static mha_status run_begin(layer_run *r, const mha_tensor *x, const mha_tensor 
         r->masks = *masks;
     MHA_TRY(plan_workspace(r->B, r->L, r->S, r->E, F, &r->plan));
     size_t need = (size_t)r->plan.total * sizeof(float);
-    if (workspace) {
-        MHA_CHECK(workspace_bytes >= need, MHA_ERR_VALUE,
-                  "workspace: %zu bytes, the plan needs %zu", workspace_bytes, need);
-        MHA_CHECK((uintptr_t)workspace % sizeof(float) == 0, MHA_ERR_VALUE,
-                  "workspace: must be float-aligned");
-        r->ws = workspace;
-    } else {
-        r->ws = *owned = mha_malloc(need ? need : 1);
-        MHA_CHECK(r->ws != NULL, MHA_ERR_NOMEM, "layer: cannot allocate %zu bytes of workspace",
-                  need);
-    }
+    MHA_TRY(mha_workspace_get(workspace, workspace_bytes, need, "layer", &r->ws, owned));
     r->t = *x, r->n = *x;
     r->t.data = r->ws + r->plan.t;
     r->n.data = r->ws + r->plan.n;
@@ -566,17 +556,7 @@ static mha_status train_begin(train_run *r, const mha_tensor *x, const mha_tenso
         memcpy(r->saved, want, sizeof want);
     }
     size_t need = (size_t)r->plan.ws_total * sizeof(float);
-    if (workspace) {
-        MHA_CHECK(workspace_bytes >= need, MHA_ERR_VALUE,
-                  "workspace: %zu bytes, the plan needs %zu", workspace_bytes, need);
-        MHA_CHECK((uintptr_t)workspace % sizeof(float) == 0, MHA_ERR_VALUE,
-                  "workspace: must be float-aligned");
-        r->ws = workspace;
-    } else {
-        r->ws = r->owned = mha_malloc(need ? need : 1);
-        MHA_CHECK(r->ws != NULL, MHA_ERR_NOMEM, "layer: cannot allocate %zu bytes of workspace",
-                  need);
-    }
+    MHA_TRY(mha_workspace_get(workspace, workspace_bytes, need, "layer", &r->ws, &r->owned));
     r->seq = *x;
     return MHA_OK;
 }
@@ -1095,17 +1075,7 @@ static mha_status stack_begin(const mha_tensor *x, const mha_tensor *memory, int
               "saved: %zu bytes, the stack needs %zu", saved_bytes,
               (size_t)p->total_saved * sizeof(float));
     size_t need = (size_t)p->total_ws * sizeof(float);
-    if (workspace) {
-        MHA_CHECK(workspace_bytes >= need, MHA_ERR_VALUE,
-                  "workspace: %zu bytes, the stack needs %zu", workspace_bytes, need);
-        MHA_CHECK((uintptr_t)workspace % sizeof(float) == 0, MHA_ERR_VALUE,
-                  "workspace: must be float-aligned");
-        *ws = workspace;
-    } else {
-        *ws = *owned = mha_malloc(need ? need : 1);
-        MHA_CHECK(*ws != NULL, MHA_ERR_NOMEM, "stack: cannot allocate %zu bytes of workspace", need);
-    }
-    return MHA_OK;
+    return mha_workspace_get(workspace, workspace_bytes, need, "stack", ws, owned);
 }
 
 static mha_status stack_forward_train(mha_tensor *out, void *saved, size_t saved_bytes,

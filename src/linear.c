@@ -136,16 +136,22 @@ void mha_linear_f32(float *y, int64_t ldy, const float *x, int64_t ldx, const fl
 
 /* ---- nn.Linear, the public entries --------------------------------------------------- */
 
-mha_status mha_linear_forward(mha_tensor *out, const mha_tensor *x, const mha_tensor *weight,
-                              const mha_tensor *bias) {
-    int64_t N, K, F = -1;
+/* x (N,K) rows and weight (F,K), the environment's choices valid. */
+static mha_status linear_check(const mha_tensor *x, const mha_tensor *weight, int64_t *N,
+                               int64_t *K, int64_t *F) {
     MHA_TRY(mha_runtime_check());
-    MHA_TRY(mha_rows_check(x, "x", -1, &N, &K));
+    MHA_TRY(mha_rows_check(x, "x", -1, N, K));
     MHA_CHECK(weight != NULL, MHA_ERR_NULL, "weight: NULL tensor");
     MHA_TRY(mha_check_tensor(weight, "weight", 2, MHA_F32));
-    F = weight->shape[0];
-    int64_t k = K;
-    MHA_TRY(mha_matrix_check(weight, "weight", F, &k));
+    *F = weight->shape[0];
+    int64_t k = *K;
+    return mha_matrix_check(weight, "weight", *F, &k);
+}
+
+mha_status mha_linear_forward(mha_tensor *out, const mha_tensor *x, const mha_tensor *weight,
+                              const mha_tensor *bias) {
+    int64_t N, K, F;
+    MHA_TRY(linear_check(x, weight, &N, &K, &F));
     MHA_TRY(mha_vector_check(bias, "bias", F));
     MHA_TRY(mha_rows_check_out(out, x, "out", N, F, false));
     MHA_CHECK(!mha_tensors_overlap(out, weight) && (!bias || !mha_tensors_overlap(out, bias)),
@@ -157,14 +163,8 @@ mha_status mha_linear_forward(mha_tensor *out, const mha_tensor *x, const mha_te
 mha_status mha_linear_backward(mha_tensor *dx, mha_tensor *dweight, mha_tensor *dbias,
                                const mha_tensor *dout, const mha_tensor *x,
                                const mha_tensor *weight) {
-    int64_t N, K, F;
-    MHA_TRY(mha_runtime_check());
-    MHA_TRY(mha_rows_check(x, "x", -1, &N, &K));
-    MHA_CHECK(weight != NULL, MHA_ERR_NULL, "weight: NULL tensor");
-    MHA_TRY(mha_check_tensor(weight, "weight", 2, MHA_F32));
-    F = weight->shape[0];
-    int64_t k = K;
-    MHA_TRY(mha_matrix_check(weight, "weight", F, &k));
+    int64_t N, K, F, k;
+    MHA_TRY(linear_check(x, weight, &N, &K, &F));
     MHA_TRY(mha_rows_check_out(dout, x, "dout", N, F, false));
     if (dx) {
         MHA_TRY(mha_rows_check_out(dx, x, "dx", N, K, false));

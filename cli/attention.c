@@ -70,27 +70,19 @@ static int load_float(const char *opt, const char *path, mha_tensor *t, mha_dtyp
 }
 
 static int parse_i64(const char *opt, const char *v, int64_t lo, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno || end == v || *end || x < lo) {
+    if (!cli_parse_i64(v, lo, INT64_MAX, out)) {
         fprintf(stderr, "mha attention: %s: '%s' is not an integer >= %lld\n", opt, v,
                 (long long)lo);
         return CLI_BAD_INPUT;
     }
-    *out = (int64_t)x;
     return CLI_OK;
 }
 
 static int parse_float(const char *opt, const char *v, float *out) {
-    char *end;
-    errno = 0;
-    double s = strtod(v, &end);
-    if (errno || end == v || *end || !isfinite(s) || !isfinite((float)s)) {
+    if (!cli_parse_f32(v, out)) {
         fprintf(stderr, "mha attention: %s: '%s' is not a finite number\n", opt, v);
         return CLI_BAD_INPUT;
     }
-    *out = (float)s;
     return CLI_OK;
 }
 

@@ -726,12 +726,7 @@ done:
 /* ---- arguments and the default grid ------------------------------------- */
 
 static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (end == s || *end || v < lo || v > hi)
-        return false;
-    *out = v;
-    return true;
+    return cli_parse_i64(s, lo, hi, out);
 }
 
 static int bench_one(const bench_cfg *cfg, const bench_case *c) {

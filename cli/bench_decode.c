@@ -135,7 +135,6 @@ int cli_bench_decode(int argc, char **argv) {
             return CLI_BAD_INPUT;
         }
         const char *v = argv[++i];
-        char *end;
         if (!strcmp(a, "--kernel")) {
             if (!strcmp(v, "ref") || !strcmp(v, "scalar") || !strcmp(v, "avx2") ||
                 !strcmp(v, "auto"))
@@ -150,21 +149,17 @@ int cli_bench_decode(int argc, char **argv) {
             continue;
         }
         if (!strcmp(a, "--kv-seq")) {
-            nS = 0;
-            for (const char *p = v; *p && nS < 16; p = *end ? end + 1 : end) {
-                long long x = strtoll(p, &end, 10);
-                if (end == p || x < 1 || x > ((long long)1 << 30) || (*end && *end != ',')) {
-                    fprintf(stderr, "mha bench: --kv-seq: '%s' is not a list of lengths\n", v);
-                    return CLI_BAD_INPUT;
-                }
-                S[nS++] = x;
+            nS = cli_parse_i64_list(v, 1, (int64_t)1 << 30, S, 16);
+            if (nS < 1) {
+                fprintf(stderr, "mha bench: --kv-seq: '%s' is not a list of lengths\n", v);
+                return CLI_BAD_INPUT;
             }
             continue;
         }
-        long long x = strtoll(v, &end, 10);
+        int64_t x;
         int64_t *dst = !strcmp(a, "--batch") ? &B : !strcmp(a, "--heads") ? &H
                      : !strcmp(a, "--kv-heads") ? &Hkv : !strcmp(a, "--head-dim") ? &d : NULL;
-        if (end == v || *end || x < 1 || x > 1 << 20 ||
+        if (!cli_parse_i64(v, 1, 1 << 20, &x) ||
             (!dst && strcmp(a, "--threads") && strcmp(a, "--reps"))) {
             fprintf(stderr, "mha bench: %s '%s': unknown option or not a positive integer\n", a,
                     v);

@@ -7,6 +7,8 @@
 
 #include "mha.h"
 
+#include <stdbool.h>
+
 enum { CLI_OK = 0, CLI_INTERNAL = 1, CLI_BAD_INPUT = 2 };
 
 int cli_demo(int argc, char **argv);
@@ -50,6 +52,14 @@ int cli_viz_write_maps(const char *cmd, const float *w, int64_t H, int64_t L, in
                        int png_optional);
 /* The trained-model section of `mha demo` (cli/demo_model.c). */
 int cli_demo_model(void);
+/* The one number parser of every flag (number.c): strict decimal, the whole
+ * string, no spaces or hex, and no overflow or underflow (ERANGE).  False
+ * when s is NULL, malformed or out of [lo, hi] / range; *out untouched. */
+bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
+bool cli_parse_f64(const char *s, double *out);
+/* "a,b,c": up to max integers in [lo, hi]; the count, or -1. */
+int cli_parse_i64_list(const char *s, int64_t lo, int64_t hi, int64_t *out, int max);
+bool cli_parse_f32(const char *s, float *out);
 
 /* Maps a library status to an exit code and prints "mha CMD: msg" to stderr. */
 int cli_fail(const char *cmd, mha_status st, const char *context);

@@ -2,6 +2,7 @@
  * layer or stack (--num-layers N) on .npy inputs with safetensors weights
  * named as the PyTorch module's state_dict.  Parsing and printing only. */
 #include "cli.h"
+#include "mha_inputs.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,17 +82,18 @@ int cli_forward_layer(int argc, char **argv) {
                 fprintf(stderr, "mha forward: %s needs a value\n", a);
                 return CLI_BAD_INPUT;
             }
-            char *end;
+            bool ok;
             if (!strcmp(a, "--eps")) {
-                es = val, eps = strtof(es, &end);
+                es = val, ok = cli_parse_f32(es, &eps);
             } else {
-                long n = strtol(val, &end, 10);
+                int64_t n = 0;
+                ok = cli_parse_i64(val, INT64_MIN, INT64_MAX, &n);
                 if (!strcmp(a, "--heads"))
                     hs = val, heads = n;
                 else
                     ns = val, num_layers = n;
             }
-            if (*end || end == val) {
+            if (!ok) {
                 fprintf(stderr, "mha forward: %s: not a number: '%s'\n", a, val);
                 return CLI_BAD_INPUT;
             }
@@ -144,15 +146,15 @@ int cli_forward_layer(int argc, char **argv) {
         goto done;
     }
     if ((st = mha_safetensors_open(weights, &v->st))) {
-        rc = cli_fail("forward", st, weights);
+        rc = cli_input_fail("forward", "--weights", st);
         goto done;
     }
     if ((st = mha_npy_load(query, MHA_F32, &x))) {
-        rc = cli_fail("forward", st, query);
+        rc = cli_input_fail("forward", "--query", st);
         goto done;
     }
     if (memory && (st = mha_npy_load(memory, MHA_F32, &m))) {
-        rc = cli_fail("forward", st, memory);
+        rc = cli_input_fail("forward", "--memory", st);
         goto done;
     }
     const char *mpaths[4] = {am, kpm, mm, mkpm};
@@ -162,7 +164,7 @@ int cli_forward_layer(int argc, char **argv) {
             continue;
         mha_dtype fd;
         if ((st = mha_npy_load_any(mpaths[i], 1, &masks_t[i], &fd))) {
-            rc = cli_fail("forward", st, mpaths[i]);
+            rc = cli_input_fail("forward", mpaths[i], st);
             goto done;
         }
         mp[i] = &masks_t[i];

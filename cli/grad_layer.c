@@ -8,6 +8,7 @@
  * Replaces the weak cli_grad_layer hook of grad.c; parsing and printing only.
  */
 #include "cli.h"
+#include "mha_inputs.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -127,19 +128,17 @@ int cli_grad_layer(int argc, char **argv) {
         fprintf(stderr, "mha grad: --layer must be encoder or decoder\n");
         return CLI_BAD_INPUT;
     }
-    char *end = NULL;
-    long heads = heads_s ? strtol(heads_s, &end, 10) : 0;
-    if (!heads_s || *end || heads <= 0) {
+    int64_t heads, num_layers = 0;
+    if (!cli_parse_i64(heads_s, 1, INT64_MAX, &heads)) {
         fprintf(stderr, "mha grad: --heads wants a positive integer\n");
         return CLI_BAD_INPUT;
     }
-    long num_layers = nl_s ? strtol(nl_s, &end, 10) : 0;
-    if (nl_s && (*end || num_layers < 1 || num_layers > MAXL)) {
+    if (nl_s && !cli_parse_i64(nl_s, 1, MAXL, &num_layers)) {
         fprintf(stderr, "mha grad: --num-layers wants 1..%d\n", MAXL);
         return CLI_BAD_INPUT;
     }
-    float eps = eps_s ? strtof(eps_s, &end) : 1e-5f;
-    if (eps_s && (*end || !(eps > 0))) {
+    float eps = 1e-5f;
+    if (eps_s && (!cli_parse_f32(eps_s, &eps) || !(eps > 0))) {
         fprintf(stderr, "mha grad: --eps wants a positive number\n");
         return CLI_BAD_INPUT;
     }
@@ -176,26 +175,26 @@ int cli_grad_layer(int argc, char **argv) {
     if (!p)
         return cli_fail(cmd, MHA_ERR_NOMEM, NULL);
     if ((st = mha_safetensors_open(weights, &p->st))) {
-        rc = cli_fail(cmd, st, weights);
+        rc = cli_input_fail(cmd, "--weights", st);
         goto done;
     }
     if ((st = mha_npy_load(query, MHA_F32, &x))) {
-        rc = cli_fail(cmd, st, query);
+        rc = cli_input_fail(cmd, "--query", st);
         goto done;
     }
     if (memory && (st = mha_npy_load(memory, MHA_F32, &m))) {
-        rc = cli_fail(cmd, st, memory);
+        rc = cli_input_fail(cmd, "--memory", st);
         goto done;
     }
     if ((st = mha_npy_load(dy_path, MHA_F32, &dy))) {
-        rc = cli_fail(cmd, st, dy_path);
+        rc = cli_input_fail(cmd, dy_path, st);
         goto done;
     }
     const mha_tensor *mp[4] = {NULL, NULL, NULL, NULL};
     for (int i = 0; i < 4; i++) {
         mha_dtype fd;
         if (mpath[i] && (st = mha_npy_load_any(mpath[i], 1, &mt[i], &fd))) {
-            rc = cli_fail(cmd, st, mpath[i]);
+            rc = cli_input_fail(cmd, mpath[i], st);
             goto done;
         }
         mp[i] = mpath[i] ? &mt[i] : NULL;

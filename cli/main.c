@@ -61,8 +61,13 @@ int main(int argc, char **argv) {
         return CLI_OK;
     }
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-        if (!strcmp(argv[1], commands[i].name))
+        if (!strcmp(argv[1], commands[i].name)) {
+            /* an unknown MHA_KERNEL/MHA_GEMM value: said once, exit 2 */
+            mha_status env = mha_runtime_check();
+            if (env != MHA_OK)
+                return cli_fail(argv[1], env, NULL);
             return commands[i].run(argc - 1, argv + 1);
+        }
     fprintf(stderr, "mha: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return CLI_BAD_INPUT;

@@ -56,10 +56,8 @@ int cli_mha_inputs_parse(cli_mha_inputs *in, const char *cmd, int argc, char **a
     switch (k) {
     case 0: in->weights_path = v; break;
     case 1: {
-        char *end;
-        errno = 0;
-        long long h = strtoll(v, &end, 10);
-        if (errno || end == v || *end || h <= 0) {
+        int64_t h;
+        if (!cli_parse_i64(v, 1, INT64_MAX, &h)) {
             fprintf(stderr, "mha %s: --heads: '%s' is not a positive integer\n", cmd, v);
             return -1;
         }

@@ -17,6 +17,7 @@
  * This file parses, loops and prints; the model math is src/model.c.
  */
 #include "cli.h"
+#include "mha_inputs.h"
 
 #include <errno.h>
 #include <math.h>
@@ -93,12 +94,7 @@ static void task_layout(task *t) {
     t->V = t->causal ? 12 : 11;
 }
 
-static uint64_t mix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
+static uint64_t mix64(uint64_t x) { return mha_splitmix64(x); }
 
 /* B sequences (B,T) and targets for (seed, stream, index). */
 static void make_batch(const task *t, int64_t *tok, int64_t *tgt, int64_t B, uint64_t seed,
@@ -354,10 +350,8 @@ static void progress(int64_t step, int64_t total, int64_t first, float loss, dou
 
 static int parse_i64(const char *cmd, const char *flag, const char *v, int64_t lo, int64_t hi,
                      int64_t *out) {
-    char *end;
-    errno = 0;
-    long long x = v ? strtoll(v, &end, 10) : 0;
-    if (!v || !*v || *end || errno || x < lo || x > hi) {
+    int64_t x;
+    if (!cli_parse_i64(v, lo, hi, &x)) {
         fprintf(stderr, "mha %s: %s wants an integer in %lld..%lld, got '%s'\n", cmd, flag,
                 (long long)lo, (long long)hi, v ? v : "");
         return -1;
@@ -368,9 +362,8 @@ static int parse_i64(const char *cmd, const char *flag, const char *v, int64_t l
 
 static int parse_f(const char *cmd, const char *flag, const char *v, double lo, double hi,
                    double *out) {
-    char *end;
-    double x = v ? strtod(v, &end) : NAN;
-    if (!v || !*v || *end || !(x >= lo && x <= hi)) {
+    double x;
+    if (!cli_parse_f64(v, &x) || !(x >= lo && x <= hi)) {
         fprintf(stderr, "mha %s: %s wants a number in [%g, %g], got '%s'\n", cmd, flag, lo, hi,
                 v ? v : "");
         return -1;
@@ -696,8 +689,8 @@ int cli_train(int argc, char **argv) {
         snprintf(path, sizeof path, "%s/model.safetensors", resume);
         snprintf(opath, sizeof opath, "%s/optimizer.safetensors", resume);
         st = mha_model_load(&m, path, opath, &opt, &start, &useed);
-        if (st != MHA_OK)
-            return cli_fail(cmd, st, resume);
+        if (st != MHA_OK) /* a missing or unreadable checkpoint is bad input (2) */
+            return cli_input_fail(cmd, "--resume", st);
         t.causal = mha_model_get_config(m)->causal; /* the run's layout */
         task_layout(&t);
         if (mha_model_get_config(m)->max_len != t.T || mha_model_get_config(m)->vocab != t.V) {

@@ -227,13 +227,7 @@ typedef struct viz_args {
 } viz_args;
 
 static int parse_int64(const char *s, int64_t *v) {
-    char *end;
-    errno = 0;
-    long long x = strtoll(s, &end, 10);
-    if (errno || end == s || *end || x < 0)
-        return 0;
-    *v = x;
-    return 1;
+    return cli_parse_i64(s, 0, INT64_MAX, v);
 }
 
 /* Key labels for S' columns: given S' tokens, or S tokens plus names for the
@@ -393,9 +387,8 @@ int cli_viz(int argc, char **argv) {
                 }
                 a.batch_given = 1;
             } else { /* --vmax */
-                char *end;
-                double x = strtod(v, &end);
-                if (end == v || *end || !(x > 0) || !isfinite(x)) {
+                float x;
+                if (!cli_parse_f32(v, &x) || !(x > 0)) {
                     fprintf(stderr, "mha viz: --vmax %s: want a number > 0\n", v);
                     rc = CLI_BAD_INPUT;
                     goto done;

@@ -163,6 +163,16 @@ MHA_API const char *mha_kernel_name(mha_kernel kernel);
 /* The kernel AUTO resolves to on this CPU and environment. */
 MHA_API mha_kernel mha_kernel_resolve(mha_kernel requested);
 
+/* The SplitMix64 finaliser (Steele, Lea, Flood, OOPSLA 2014): a well-mixed
+ * 64-bit hash of x, the library's one source of counter-based randomness. */
+MHA_API uint64_t mha_splitmix64(uint64_t x);
+
+/* MHA_OK when the environment's MHA_KERNEL and MHA_GEMM are unset, empty
+ * or valid (auto|ref|scalar|avx2, auto|blas|avx2|portable); else
+ * MHA_ERR_VALUE naming the variable and the valid values.  Every call that
+ * selects a kernel or a GEMM path returns this error too. */
+MHA_API mha_status mha_runtime_check(void);
+
 /* Fills x[0..n) with normal(0, std^2) floats from a counter-based generator:
  * the value at index i depends only on (seed, i). */
 MHA_API void mha_randn(float *x, size_t n, uint64_t seed, float std);

@@ -81,3 +81,19 @@ void mha_free(void *p) {
         atomic_fetch_sub(&live_count, 1);
     free(p);
 }
+
+mha_status mha_workspace_get(void *workspace, size_t workspace_bytes, size_t need,
+                             const char *what, float **ws, float **owned) {
+    *owned = NULL;
+    if (workspace) {
+        MHA_CHECK(workspace_bytes >= need, MHA_ERR_VALUE, "%s: workspace of %zu bytes, need %zu",
+                  what, workspace_bytes, need);
+        MHA_CHECK((uintptr_t)workspace % sizeof(float) == 0, MHA_ERR_VALUE,
+                  "%s: workspace must be float-aligned", what);
+        *ws = workspace;
+        return MHA_OK;
+    }
+    *ws = *owned = mha_malloc(need ? need : 1);
+    MHA_CHECK(*ws != NULL, MHA_ERR_NOMEM, "%s: cannot allocate %zu bytes of workspace", what, need);
+    return MHA_OK;
+}

@@ -9,96 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-/* ---- threads and kernels ---------------------------------------------- */
-
-static _Atomic int requested_threads;
-
-void mha_set_num_threads(int n) { requested_threads = n > 0 ? n : 0; }
-
-int mha_get_num_threads(void) { return mha_threads(); }
-
-int mha_threads(void) {
-    int n = requested_threads;
-#ifdef _OPENMP
-    if (n <= 0)
-        n = omp_get_max_threads();
-#endif
-    return n > 0 ? n : 1;
-}
-
-const char *mha_kernel_name(mha_kernel kernel) {
-    switch (kernel) {
-    case MHA_KERNEL_AUTO: return "auto";
-    case MHA_KERNEL_REF: return "ref";
-    case MHA_KERNEL_SCALAR: return "scalar";
-    case MHA_KERNEL_AVX2: return "avx2";
-    }
-    return "unknown";
-}
-
-mha_kernel mha_kernel_resolve(mha_kernel requested) {
-    if (requested != MHA_KERNEL_AUTO)
-        return requested;
-    const char *env = getenv("MHA_KERNEL");
-    if (env && strcmp(env, "ref") == 0)
-        return MHA_KERNEL_REF;
-    if (env && strcmp(env, "scalar") == 0)
-        return MHA_KERNEL_SCALAR;
-    if (env && strcmp(env, "avx2") == 0)
-        return MHA_KERNEL_AVX2;
-    return mha_attn_best_kernel();
-}
-
-/* ---- dropout hash ------------------------------------------------------- */
-
-static uint64_t splitmix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-float mha_dropout_uniform(uint64_t seed, int64_t b, int64_t h, int64_t i, int64_t j) {
-    uint64_t x = splitmix64(seed);
-    x = splitmix64(x ^ (uint64_t)b);
-    x = splitmix64(x ^ (uint64_t)h);
-    x = splitmix64(x ^ (uint64_t)i);
-    x = splitmix64(x ^ (uint64_t)j);
-    return (float)(x >> 40) * (1.0f / 16777216.0f); /* 24 random bits */
-}
-
-/* ---- bias --------------------------------------------------------------- */
-
-float mha_attn_bias(const mha_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j) {
-    if (p->kv_len.data && j >= mha_attn_kv_len(p, b))
-        return -INFINITY; /* first: a padded mask is never read past S_b */
-    const int64_t pos = i + mha_attn_offset(p, b);
-    if (p->causal != MHA_CAUSAL_NONE && j > pos)
-        return -INFINITY;
-    if (p->window && ((p->window_left >= 0 && j < pos - p->window_left) ||
-                      (p->window_right >= 0 && j > pos + p->window_right)))
-        return -INFINITY;
-    float bias = 0.0f;
-    if (p->alibi.data) { /* -slope * |i + S_b - L - j| */
-        float slope = ((const float *)p->alibi.data)[h * p->alibi.stride[0]];
-        int64_t dist = i + mha_attn_kv_len(p, b) - p->L - j;
-        bias = -slope * (float)(dist < 0 ? -dist : dist);
-    }
-    if (p->mask.data) {
-        int64_t idx[4] = {b, h, i, j};
-        bias += mha_mask_value(&p->mask, mha_offset(&p->mask, idx), p->mask_polarity);
-    }
-    if (p->kpm.data) {
-        int64_t idx[4] = {b, h, i, j};
-        bias += mha_mask_value(&p->kpm, mha_offset(&p->kpm, idx), p->kpm_polarity);
-    }
-    return bias;
-}
-
 /* ---- the public entry --------------------------------------------------- */
 
 void mha_sdpa_options_init(mha_sdpa_options *opt) {
@@ -131,6 +41,105 @@ static mha_status check_polarity(mha_mask_polarity pol, const char *name) {
     return MHA_OK;
 }
 
+mha_status mha_attn_resolve_scale(mha_attn_problem *p, const mha_sdpa_options *opt) {
+    if (opt->scale_set) {
+        MHA_CHECK(isfinite(opt->scale), MHA_ERR_VALUE, "scale: %g is not finite",
+                  (double)opt->scale);
+        p->scale = opt->scale;
+    } else {
+        p->scale = (float)(1.0 / sqrt((double)p->d));
+    }
+    return MHA_OK;
+}
+
+/* out (B,Hq,L,dv): shape, writable, no overlap with q, k, v. */
+static mha_status check_out(const mha_attn_problem *p, const mha_tensor *out, const mha_tensor *q,
+                            const mha_tensor *k, const mha_tensor *v) {
+    char s1[MHA_SHAPE_BUF];
+    MHA_CHECK(out->shape[0] == p->B && out->shape[1] == p->Hq && out->shape[2] == p->L &&
+                  out->shape[3] == p->dv,
+              MHA_ERR_SHAPE, "out: shape %s, want (%lld,%lld,%lld,%lld)",
+              mha_shape_str(out, s1, sizeof s1), (long long)p->B, (long long)p->Hq,
+              (long long)p->L, (long long)p->dv);
+    MHA_TRY(mha_check_writable(out, "out"));
+    MHA_CHECK(!mha_tensors_overlap(out, q) && !mha_tensors_overlap(out, k) &&
+                  !mha_tensors_overlap(out, v),
+              MHA_ERR_ALIAS, "out: overlaps an input");
+    return MHA_OK;
+}
+
+mha_status mha_sdpa_problem_init(mha_attn_problem *p, const mha_tensor *q, const mha_tensor *k,
+                                 const mha_tensor *v, const mha_tensor *out,
+                                 const mha_sdpa_options *opt) {
+    char s1[MHA_SHAPE_BUF], s2[MHA_SHAPE_BUF];
+    MHA_TRY(mha_check_tensor(q, "q", 4, MHA_F32));
+    MHA_TRY(mha_check_tensor(k, "k", 4, MHA_F32));
+    MHA_TRY(mha_check_tensor(v, "v", 4, MHA_F32));
+    if (out)
+        MHA_TRY(mha_check_tensor(out, "out", 4, MHA_F32));
+    memset(p, 0, sizeof *p);
+    p->B = q->shape[0], p->Hq = q->shape[1], p->L = q->shape[2], p->d = q->shape[3];
+    p->Hkv = k->shape[1], p->S = k->shape[2], p->dv = v->shape[3];
+    MHA_CHECK(k->shape[0] == p->B && k->shape[3] == p->d, MHA_ERR_SHAPE,
+              "k: shape %s does not fit q %s (want (B,Hkv,S,d))", mha_shape_str(k, s1, sizeof s1),
+              mha_shape_str(q, s2, sizeof s2));
+    MHA_CHECK(v->shape[0] == p->B && v->shape[1] == p->Hkv && v->shape[2] == p->S,
+              MHA_ERR_SHAPE, "v: shape %s does not fit k %s (want (B,Hkv,S,dv))",
+              mha_shape_str(v, s1, sizeof s1), mha_shape_str(k, s2, sizeof s2));
+    MHA_CHECK(p->d > 0, MHA_ERR_SHAPE, "q: head dim d is 0 in shape %s",
+              mha_shape_str(q, s1, sizeof s1));
+    MHA_CHECK(p->Hkv > 0 || p->Hq == 0, MHA_ERR_SHAPE, "k: 0 kv heads for %lld query heads",
+              (long long)p->Hq);
+    MHA_CHECK(p->Hkv == 0 || p->Hq % p->Hkv == 0, MHA_ERR_SHAPE,
+              "k: %lld kv heads do not divide %lld query heads", (long long)p->Hkv,
+              (long long)p->Hq);
+    if (out)
+        MHA_TRY(check_out(p, out, q, k, v));
+    int64_t work; /* the kernels index rows B*Hq*L of max(S,d) and dv, B*Hkv*S of max(d,dv) */
+    MHA_CHECK(mha_product((int64_t[]){p->B, p->Hq, p->L, p->S > p->d ? p->S : p->d}, 4, &work) &&
+                  mha_product((int64_t[]){p->B, p->Hq, p->L, p->dv}, 4, &work) &&
+                  mha_product((int64_t[]){p->B, p->Hkv, p->S, p->d > p->dv ? p->d : p->dv}, 4,
+                              &work),
+              MHA_ERR_OVERFLOW, "q: B*Hq*L*max(S,d,dv) overflows for q %s and k %s",
+              mha_shape_str(q, s1, sizeof s1), mha_shape_str(k, s2, sizeof s2));
+    MHA_TRY(mha_attn_resolve_scale(p, opt));
+    switch (opt->causal) {
+    case MHA_CAUSAL_NONE: break;
+    case MHA_CAUSAL_TOP_LEFT: p->causal_offset = 0; break;
+    case MHA_CAUSAL_BOTTOM_RIGHT: p->causal_offset = p->S - p->L; break;
+    case MHA_CAUSAL_OFFSET: p->causal_offset = opt->causal_offset; break;
+    default: return mha_error(MHA_ERR_VALUE, "causal: unknown mode %d", (int)opt->causal);
+    }
+    p->causal = opt->causal;
+    int64_t full[4] = {p->B, p->Hq, p->L, p->S};
+    if (opt->mask) {
+        MHA_TRY(check_polarity(opt->mask_polarity, "mask_polarity"));
+        MHA_TRY(mha_broadcast4(opt->mask, "mask", full, &p->mask));
+        MHA_CHECK(!mha_tensors_overlap(out, opt->mask), MHA_ERR_ALIAS, "out: overlaps mask");
+        p->mask_polarity = opt->mask_polarity;
+    }
+    if (opt->key_padding_mask) {
+        const mha_tensor *m = opt->key_padding_mask;
+        MHA_TRY(check_polarity(opt->key_padding_polarity, "key_padding_polarity"));
+        MHA_CHECK(m->ndim == 2 && m->shape[0] == p->B && m->shape[1] == p->S, MHA_ERR_SHAPE,
+                  "key_padding_mask: shape %s, want (B,S) = (%lld,%lld)",
+                  mha_shape_str(m, s1, sizeof s1), (long long)p->B, (long long)p->S);
+        mha_tensor as4 = *m;
+        as4.ndim = 4;
+        as4.shape[0] = p->B, as4.shape[1] = 1, as4.shape[2] = 1, as4.shape[3] = p->S;
+        as4.stride[3] = m->stride[1], as4.stride[0] = m->stride[0];
+        as4.stride[1] = as4.stride[2] = 0;
+        MHA_TRY(mha_broadcast4(&as4, "key_padding_mask", full, &p->kpm));
+        MHA_CHECK(!mha_tensors_overlap(out, m), MHA_ERR_ALIAS, "out: overlaps key_padding_mask");
+        p->kpm_polarity = opt->key_padding_polarity;
+    }
+    MHA_TRY(mha_attn_check_common(p, opt->masked_rows, opt->training, opt->dropout_p, opt->seed));
+    p->q = *q, p->k = *k, p->v = *v;
+    if (out)
+        p->o = *out;
+    return MHA_OK;
+}
+
 mha_status mha_sdpa_forward(mha_tensor *out, const mha_tensor *q, const mha_tensor *k,
                             const mha_tensor *v, const mha_sdpa_options *opt) {
     mha_sdpa_options defaults;
@@ -138,87 +147,10 @@ mha_status mha_sdpa_forward(mha_tensor *out, const mha_tensor *q, const mha_tens
         mha_sdpa_options_init(&defaults);
         opt = &defaults;
     }
-    MHA_TRY(mha_check_tensor(q, "q", 4, MHA_F32));
-    MHA_TRY(mha_check_tensor(k, "k", 4, MHA_F32));
-    MHA_TRY(mha_check_tensor(v, "v", 4, MHA_F32));
-    MHA_TRY(mha_check_tensor(out, "out", 4, MHA_F32));
-
-    char s1[MHA_SHAPE_BUF], s2[MHA_SHAPE_BUF];
+    MHA_CHECK(out != NULL, MHA_ERR_NULL, "out: NULL tensor");
     mha_attn_problem p;
-    memset(&p, 0, sizeof p);
-    p.B = q->shape[0];
-    p.Hq = q->shape[1];
-    p.L = q->shape[2];
-    p.d = q->shape[3];
-    p.Hkv = k->shape[1];
-    p.S = k->shape[2];
-    p.dv = v->shape[3];
-    MHA_CHECK(k->shape[0] == p.B && k->shape[3] == p.d, MHA_ERR_SHAPE,
-              "k: shape %s does not fit q %s (want (B,Hkv,S,d))", mha_shape_str(k, s1, sizeof s1),
-              mha_shape_str(q, s2, sizeof s2));
-    MHA_CHECK(v->shape[0] == p.B && v->shape[1] == p.Hkv && v->shape[2] == p.S, MHA_ERR_SHAPE,
-              "v: shape %s does not fit k %s (want (B,Hkv,S,dv))", mha_shape_str(v, s1, sizeof s1),
-              mha_shape_str(k, s2, sizeof s2));
-    MHA_CHECK(p.d > 0, MHA_ERR_SHAPE, "q: head dim d is 0 in shape %s",
-              mha_shape_str(q, s1, sizeof s1));
-    MHA_CHECK(p.Hkv > 0 || p.Hq == 0, MHA_ERR_SHAPE, "k: 0 kv heads for %lld query heads",
-              (long long)p.Hq);
-    MHA_CHECK(p.Hkv == 0 || p.Hq % p.Hkv == 0, MHA_ERR_SHAPE,
-              "k: %lld kv heads do not divide %lld query heads", (long long)p.Hkv,
-              (long long)p.Hq);
-    MHA_CHECK(out->shape[0] == p.B && out->shape[1] == p.Hq && out->shape[2] == p.L &&
-                  out->shape[3] == p.dv,
-              MHA_ERR_SHAPE, "out: shape %s, want (%lld,%lld,%lld,%lld)",
-              mha_shape_str(out, s1, sizeof s1), (long long)p.B, (long long)p.Hq,
-              (long long)p.L, (long long)p.dv);
-    MHA_TRY(mha_check_writable(out, "out"));
-    MHA_CHECK(!mha_tensors_overlap(out, q) && !mha_tensors_overlap(out, k) &&
-                  !mha_tensors_overlap(out, v),
-              MHA_ERR_ALIAS, "out: overlaps an input");
-    int64_t work; /* the kernels index rows B*Hq*L and score rows of S, d, dv */
-    MHA_CHECK(mha_product((int64_t[]){p.B, p.Hq, p.L, p.S > p.d ? p.S : p.d}, 4, &work) &&
-                  mha_product((int64_t[]){p.B, p.Hq, p.L, p.dv}, 4, &work),
-              MHA_ERR_OVERFLOW, "q: B*Hq*L*max(S,d,dv) overflows for q %s and k %s",
-              mha_shape_str(q, s1, sizeof s1), mha_shape_str(k, s2, sizeof s2));
-
-    if (opt->scale_set) {
-        MHA_CHECK(isfinite(opt->scale), MHA_ERR_VALUE, "scale: %g is not finite",
-                  (double)opt->scale);
-        p.scale = opt->scale;
-    } else {
-        p.scale = (float)(1.0 / sqrt((double)p.d));
-    }
-    switch (opt->causal) {
-    case MHA_CAUSAL_NONE: break;
-    case MHA_CAUSAL_TOP_LEFT: p.causal_offset = 0; break;
-    case MHA_CAUSAL_BOTTOM_RIGHT: p.causal_offset = p.S - p.L; break;
-    case MHA_CAUSAL_OFFSET: p.causal_offset = opt->causal_offset; break;
-    default: return mha_error(MHA_ERR_VALUE, "causal: unknown mode %d", (int)opt->causal);
-    }
-    p.causal = opt->causal;
-
-    int64_t full[4] = {p.B, p.Hq, p.L, p.S};
-    if (opt->mask) {
-        MHA_TRY(check_polarity(opt->mask_polarity, "mask_polarity"));
-        MHA_TRY(mha_broadcast4(opt->mask, "mask", full, &p.mask));
-        MHA_CHECK(!mha_tensors_overlap(out, opt->mask), MHA_ERR_ALIAS, "out: overlaps mask");
-        p.mask_polarity = opt->mask_polarity;
-    }
-    if (opt->key_padding_mask) {
-        const mha_tensor *m = opt->key_padding_mask;
-        MHA_TRY(check_polarity(opt->key_padding_polarity, "key_padding_polarity"));
-        MHA_CHECK(m->ndim == 2 && m->shape[0] == p.B && m->shape[1] == p.S, MHA_ERR_SHAPE,
-                  "key_padding_mask: shape %s, want (B,S) = (%lld,%lld)",
-                  mha_shape_str(m, s1, sizeof s1), (long long)p.B, (long long)p.S);
-        mha_tensor as4 = *m;
-        as4.ndim = 4;
-        as4.shape[0] = p.B, as4.shape[1] = 1, as4.shape[2] = 1, as4.shape[3] = p.S;
-        as4.stride[3] = m->stride[1], as4.stride[0] = m->stride[0];
-        as4.stride[1] = as4.stride[2] = 0;
-        MHA_TRY(mha_broadcast4(&as4, "key_padding_mask", full, &p.kpm));
-        MHA_CHECK(!mha_tensors_overlap(out, m), MHA_ERR_ALIAS, "out: overlaps key_padding_mask");
-        p.kpm_polarity = opt->key_padding_polarity;
-    }
+    MHA_TRY(mha_sdpa_problem_init(&p, q, k, v, out, opt));
+    char s1[MHA_SHAPE_BUF];
     if (opt->weights) {
         MHA_TRY(mha_check_tensor(opt->weights, "weights", 4, MHA_F32));
         const mha_tensor *w = opt->weights;
@@ -235,8 +167,6 @@ mha_status mha_sdpa_forward(mha_tensor *out, const mha_tensor *q, const mha_tens
                   MHA_ERR_ALIAS, "weights: overlaps another argument");
         p.weights = *w;
     }
-    MHA_TRY(mha_attn_check_common(&p, opt->masked_rows, opt->training, opt->dropout_p, opt->seed));
-    p.q = *q, p.k = *k, p.v = *v, p.o = *out;
     float *rope_buf = NULL; /* rotated q and k when opt->rope */
     MHA_TRY(mha_attn_check_modern(&p, opt, out, &rope_buf));
     mha_status st = mha_attn_run(&p, opt->kernel);
@@ -245,6 +175,7 @@ mha_status mha_sdpa_forward(mha_tensor *out, const mha_tensor *q, const mha_tens
 }
 
 mha_status mha_attn_run(const mha_attn_problem *p, mha_kernel kernel) {
+    MHA_TRY(mha_runtime_check());
     if (p->B == 0 || p->Hq == 0 || p->L == 0)
         return MHA_OK; /* empty output, nothing to compute */
     mha_kernel kr = mha_kernel_resolve(kernel);

@@ -14,12 +14,6 @@
 #include <math.h>
 #include <string.h>
 
-static mha_status check_polarity(mha_mask_polarity pol, const char *name) {
-    MHA_CHECK(pol == MHA_TRUE_KEEPS || pol == MHA_TRUE_MASKS, MHA_ERR_VALUE,
-              "%s: unknown polarity %d", name, (int)pol);
-    return MHA_OK;
-}
-
 /* A (B,H,N,c) float32 tensor of the given shape. */
 static mha_status check_shape4(const mha_tensor *t, const char *name, int64_t a, int64_t b,
                                int64_t c, int64_t e) {
@@ -32,73 +26,11 @@ static mha_status check_shape4(const mha_tensor *t, const char *name, int64_t a,
     return MHA_OK;
 }
 
-/* The forward's problem from (q, k, v, opt); out is not part of it. */
+/* The forward's problem from (q, k, v, opt) (mha_sdpa_problem_init); out is
+ * not part of it. */
 static mha_status sdpa_problem(mha_attn_problem *p, const mha_tensor *q, const mha_tensor *k,
                                const mha_tensor *v, const mha_sdpa_options *opt) {
-    char s1[MHA_SHAPE_BUF], s2[MHA_SHAPE_BUF];
-    MHA_TRY(mha_check_tensor(q, "q", 4, MHA_F32));
-    MHA_TRY(mha_check_tensor(k, "k", 4, MHA_F32));
-    MHA_TRY(mha_check_tensor(v, "v", 4, MHA_F32));
-    memset(p, 0, sizeof *p);
-    p->B = q->shape[0], p->Hq = q->shape[1], p->L = q->shape[2], p->d = q->shape[3];
-    p->Hkv = k->shape[1], p->S = k->shape[2], p->dv = v->shape[3];
-    MHA_CHECK(k->shape[0] == p->B && k->shape[3] == p->d, MHA_ERR_SHAPE,
-              "k: shape %s does not fit q %s (want (B,Hkv,S,d))", mha_shape_str(k, s1, sizeof s1),
-              mha_shape_str(q, s2, sizeof s2));
-    MHA_CHECK(v->shape[0] == p->B && v->shape[1] == p->Hkv && v->shape[2] == p->S,
-              MHA_ERR_SHAPE, "v: shape %s does not fit k %s (want (B,Hkv,S,dv))",
-              mha_shape_str(v, s1, sizeof s1), mha_shape_str(k, s2, sizeof s2));
-    MHA_CHECK(p->d > 0, MHA_ERR_SHAPE, "q: head dim d is 0 in shape %s",
-              mha_shape_str(q, s1, sizeof s1));
-    MHA_CHECK(p->Hkv > 0 || p->Hq == 0, MHA_ERR_SHAPE, "k: 0 kv heads for %lld query heads",
-              (long long)p->Hq);
-    MHA_CHECK(p->Hkv == 0 || p->Hq % p->Hkv == 0, MHA_ERR_SHAPE,
-              "k: %lld kv heads do not divide %lld query heads", (long long)p->Hkv,
-              (long long)p->Hq);
-    int64_t work;
-    MHA_CHECK(mha_product((int64_t[]){p->B, p->Hq, p->L, p->S > p->d ? p->S : p->d}, 4, &work) &&
-                  mha_product((int64_t[]){p->B, p->Hq, p->L, p->dv}, 4, &work) &&
-                  mha_product((int64_t[]){p->B, p->Hkv, p->S, p->d > p->dv ? p->d : p->dv}, 4,
-                              &work),
-              MHA_ERR_OVERFLOW, "q: sizes overflow for q %s and k %s",
-              mha_shape_str(q, s1, sizeof s1), mha_shape_str(k, s2, sizeof s2));
-    if (opt->scale_set) {
-        MHA_CHECK(isfinite(opt->scale), MHA_ERR_VALUE, "scale: %g is not finite",
-                  (double)opt->scale);
-        p->scale = opt->scale;
-    } else {
-        p->scale = (float)(1.0 / sqrt((double)p->d));
-    }
-    switch (opt->causal) {
-    case MHA_CAUSAL_NONE: break;
-    case MHA_CAUSAL_TOP_LEFT: p->causal_offset = 0; break;
-    case MHA_CAUSAL_BOTTOM_RIGHT: p->causal_offset = p->S - p->L; break;
-    case MHA_CAUSAL_OFFSET: p->causal_offset = opt->causal_offset; break;
-    default: return mha_error(MHA_ERR_VALUE, "causal: unknown mode %d", (int)opt->causal);
-    }
-    p->causal = opt->causal;
-    int64_t full[4] = {p->B, p->Hq, p->L, p->S};
-    if (opt->mask) {
-        MHA_TRY(check_polarity(opt->mask_polarity, "mask_polarity"));
-        MHA_TRY(mha_broadcast4(opt->mask, "mask", full, &p->mask));
-        p->mask_polarity = opt->mask_polarity;
-    }
-    if (opt->key_padding_mask) {
-        const mha_tensor *m = opt->key_padding_mask;
-        MHA_TRY(check_polarity(opt->key_padding_polarity, "key_padding_polarity"));
-        MHA_CHECK(m->ndim == 2 && m->shape[0] == p->B && m->shape[1] == p->S, MHA_ERR_SHAPE,
-                  "key_padding_mask: shape %s, want (B,S) = (%lld,%lld)",
-                  mha_shape_str(m, s1, sizeof s1), (long long)p->B, (long long)p->S);
-        mha_tensor as4 = *m;
-        as4.ndim = 4;
-        as4.shape[0] = p->B, as4.shape[1] = 1, as4.shape[2] = 1, as4.shape[3] = p->S;
-        as4.stride[3] = m->stride[1], as4.stride[0] = m->stride[0];
-        as4.stride[1] = as4.stride[2] = 0;
-        MHA_TRY(mha_broadcast4(&as4, "key_padding_mask", full, &p->kpm));
-        p->kpm_polarity = opt->key_padding_polarity;
-    }
-    MHA_TRY(mha_attn_check_common(p, opt->masked_rows, opt->training, opt->dropout_p, opt->seed));
-    p->q = *q, p->k = *k, p->v = *v;
+    MHA_TRY(mha_sdpa_problem_init(p, q, k, v, NULL, opt));
     /* softcap, window, per-batch offsets and key lengths, ALiBi, sinks:
      * resolved by the forward's own validation */
     MHA_CHECK(opt->rope == MHA_ROPE_NONE, MHA_ERR_UNSUPPORTED,
@@ -114,6 +46,7 @@ static mha_status sdpa_problem(mha_attn_problem *p, const mha_tensor *q, const m
 
 mha_status mha_attn_bwd_run(const mha_attn_problem *p, const mha_attn_grad *g,
                             mha_kernel kernel) {
+    MHA_TRY(mha_runtime_check());
     if (p->B == 0 || p->Hq == 0 || p->L == 0 || p->S == 0)
         return MHA_OK; /* nothing attends: zero gradient */
     switch (mha_kernel_resolve(kernel)) {

@@ -17,6 +17,7 @@
  * causal target mask over the whole sequence (tests/unit/test_modern.c).
  */
 #include "internal.h"
+#include "layers.h"
 
 #include <string.h>
 
@@ -25,6 +26,8 @@ struct mha_decoder_cache {
     mha_kv_cache **self;   /* per layer                                    */
     float *mem_kv;         /* per layer: K (B,S,E) then V (B,S,E)           */
     float *scratch;        /* 8 x (B,E) rows                                */
+    float *undo;           /* per layer: the self cache's next slot (2 x (B,E)) */
+    int64_t *undo_pos;     /* per layer: the self cache's position before a step */
 };
 
 /* Rows [r0, r0 + n) of a (3E,E) packed weight or the separate one. */
@@ -92,7 +95,9 @@ mha_status mha_decoder_cache_create(mha_decoder_cache **cache, const mha_decoder
     c->self = mha_calloc((size_t)c->layers, sizeof *c->self);
     c->mem_kv = mha_malloc(sizeof(float) * (size_t)(c->layers * 2 * B * S * E));
     c->scratch = mha_malloc(sizeof(float) * (size_t)(8 * B * E));
-    mha_status st = c->self && c->mem_kv && c->scratch
+    c->undo = mha_malloc(sizeof(float) * (size_t)(c->layers * 2 * B * E));
+    c->undo_pos = mha_malloc(sizeof(int64_t) * (size_t)c->layers);
+    mha_status st = c->self && c->mem_kv && c->scratch && c->undo && c->undo_pos
                         ? MHA_OK
                         : mha_error(MHA_ERR_NOMEM, "decoder cache: cannot allocate");
     mha_tensor mem2 = *memory; /* (B*S, E) rows, contiguous required */
@@ -117,6 +122,10 @@ mha_status mha_decoder_cache_create(mha_decoder_cache **cache, const mha_decoder
     return MHA_OK;
 }
 
+const mha_kv_cache *mha_decoder_cache_layer(const mha_decoder_cache *c, int64_t l) {
+    return c && l >= 0 && l < c->layers ? c->self[l] : NULL;
+}
+
 void mha_decoder_cache_free(mha_decoder_cache *c) {
     if (!c)
         return;
@@ -125,6 +134,8 @@ void mha_decoder_cache_free(mha_decoder_cache *c) {
     mha_free(c->self);
     mha_free(c->mem_kv);
     mha_free(c->scratch);
+    mha_free(c->undo);
+    mha_free(c->undo_pos);
     mha_free(c);
 }
 
@@ -178,30 +189,12 @@ static void add(float *o, const float *a, const float *b, int64_t n) {
         o[i] = a[i] + b[i];
 }
 
-mha_status mha_decoder_decode_step(mha_tensor *out, const mha_tensor *x,
-                                   const mha_decoder_weights *w, mha_decoder_cache *c,
-                                   const mha_layer_options *opt) {
-    char sb[MHA_SHAPE_BUF];
-    MHA_CHECK(w && c && opt, MHA_ERR_NULL, "decoder decode: NULL argument");
-    MHA_CHECK(w->num_layers == c->layers, MHA_ERR_VALUE,
-              "decoder decode: %lld layers but the cache has %lld", (long long)w->num_layers,
-              (long long)c->layers);
-    MHA_CHECK(!(opt->training && opt->dropout_p > 0.0f), MHA_ERR_UNSUPPORTED,
-              "decoder decode: eval only (training with dropout)");
+/* The layers of one step: h (B,E) holds x on entry and the result on exit.
+ * Appends the token's K/V to every layer's self cache. */
+static mha_status decode_layers(float *h, const mha_decoder_weights *w, mha_decoder_cache *c,
+                                const mha_layer_options *opt) {
     const int64_t B = c->B, E = c->E, n = B * E;
-    MHA_TRY(mha_check_tensor(x, "x", 3, MHA_F32));
-    MHA_TRY(mha_check_tensor(out, "out", 3, MHA_F32));
-    MHA_CHECK(x->shape[0] == B && x->shape[1] == 1 && x->shape[2] == E && x->stride[2] == 1 &&
-                  x->stride[0] == E,
-              MHA_ERR_SHAPE, "x: shape %s, want contiguous (%lld,1,%lld)",
-              mha_shape_str(x, sb, sizeof sb), (long long)B, (long long)E);
-    MHA_CHECK(out->shape[0] == B && out->shape[1] == 1 && out->shape[2] == E &&
-                  out->stride[2] == 1 && out->stride[0] == E,
-              MHA_ERR_SHAPE, "out: shape %s, want contiguous (%lld,1,%lld)",
-              mha_shape_str(out, sb, sizeof sb), (long long)B, (long long)E);
-    float *h = c->scratch, *nrm = h + n, *t = nrm + n, *q = t + n, *k = q + n, *v = k + n,
-          *a = v + n, *h2 = a + n;
-    memcpy(h, x->data, sizeof(float) * (size_t)n);
+    float *nrm = h + n, *t = nrm + n, *q = t + n, *k = q + n, *v = k + n, *a = v + n, *h2 = a + n;
     const float eps = opt->layer_norm_eps;
     for (int64_t l = 0; l < c->layers; l++) {
         const mha_decoder_layer_weights *lw = &w->layers[l];
@@ -229,6 +222,51 @@ mha_status mha_decoder_decode_step(mha_tensor *out, const mha_tensor *x,
     }
     if (w->final_norm)
         MHA_TRY(layer_norm(h, h, B, E, w->norm_weight, w->norm_bias, eps));
+    return MHA_OK;
+}
+
+/* A failed step changes nothing: the options are checked first, and every
+ * layer's self cache is rewound (position and the appended slot's bytes)
+ * when a later layer fails (a weight's shape, the kernel, ...). */
+mha_status mha_decoder_decode_step(mha_tensor *out, const mha_tensor *x,
+                                   const mha_decoder_weights *w, mha_decoder_cache *c,
+                                   const mha_layer_options *opt) {
+    char sb[MHA_SHAPE_BUF];
+    MHA_CHECK(w && c && opt, MHA_ERR_NULL, "decoder decode: NULL argument");
+    MHA_CHECK(w->num_layers == c->layers && w->layers, MHA_ERR_VALUE,
+              "decoder decode: %lld layers but the cache has %lld", (long long)w->num_layers,
+              (long long)c->layers);
+    MHA_CHECK(!(opt->training && opt->dropout_p > 0.0f), MHA_ERR_UNSUPPORTED,
+              "decoder decode: eval only (training with dropout)");
+    MHA_TRY(mha_layer_check_options(opt));
+    const int64_t B = c->B, E = c->E, n = B * E;
+    MHA_TRY(mha_check_tensor(x, "x", 3, MHA_F32));
+    MHA_TRY(mha_check_tensor(out, "out", 3, MHA_F32));
+    MHA_CHECK(x->shape[0] == B && x->shape[1] == 1 && x->shape[2] == E && x->stride[2] == 1 &&
+                  x->stride[0] == E,
+              MHA_ERR_SHAPE, "x: shape %s, want contiguous (%lld,1,%lld)",
+              mha_shape_str(x, sb, sizeof sb), (long long)B, (long long)E);
+    MHA_CHECK(out->shape[0] == B && out->shape[1] == 1 && out->shape[2] == E &&
+                  out->stride[2] == 1 && out->stride[0] == E,
+              MHA_ERR_SHAPE, "out: shape %s, want contiguous (%lld,1,%lld)",
+              mha_shape_str(out, sb, sizeof sb), (long long)B, (long long)E);
+    for (int64_t l = 0; l < c->layers; l++) {
+        c->undo_pos[l] = mha_kv_cache_position(c->self[l]);
+        MHA_CHECK(c->undo_pos[l] < c->capacity, MHA_ERR_VALUE,
+                  "decoder decode: the cache is full (%lld of %lld tokens)",
+                  (long long)c->undo_pos[l], (long long)c->capacity);
+        mha_kv_cache_slot_save(c->self[l], c->undo + l * mha_kv_cache_slot_floats(c->self[l]));
+    }
+    float *h = c->scratch;
+    memcpy(h, x->data, sizeof(float) * (size_t)n);
+    mha_status st = decode_layers(h, w, c, opt);
+    if (st != MHA_OK) {
+        for (int64_t l = 0; l < c->layers; l++)
+            if (mha_kv_cache_position(c->self[l]) != c->undo_pos[l])
+                mha_kv_cache_rewind(c->self[l], c->undo_pos[l],
+                                    c->undo + l * mha_kv_cache_slot_floats(c->self[l]));
+        return st;
+    }
     memcpy(out->data, h, sizeof(float) * (size_t)n);
     return MHA_OK;
 }

@@ -47,6 +47,13 @@ const char *mha_shape_str(const mha_tensor *t, char *buf, size_t size);
  * mha_malloc returns 64-byte aligned memory; free it with mha_free. */
 void *mha_malloc(size_t bytes);
 void *mha_calloc(size_t count, size_t size);
+
+/* THE "caller's workspace or our own" rule of every planned call: the
+ * caller's workspace when given (at least need bytes, float-aligned, else
+ * MHA_ERR_VALUE naming `what`), or one mha_malloc of need bytes, which
+ * *owned then holds (NULL otherwise; mha_free(*owned) when done). */
+mha_status mha_workspace_get(void *workspace, size_t workspace_bytes, size_t need,
+                             const char *what, float **ws, float **owned);
 void mha_free(void *p);
 
 /* Test hook (exported for the test suite only, under an mha_test_ prefix):
@@ -117,6 +124,13 @@ static inline float mha_mask_value(const mha_tensor *m, int64_t off, mha_mask_po
 
 /* ---- threads ------------------------------------------------------------- */
 int mha_threads(void); /* the count a parallel region should use (>= 1) */
+
+/* ---- the environment's kernel and GEMM choice (runtime.c) ---------------- */
+/* MHA_KERNEL's choice, AUTO when unset, empty or unknown (an unknown value
+ * is reported by mha_runtime_check, which every computing entry calls). */
+mha_kernel mha_runtime_kernel_env(void);
+/* True when the CPU has AVX2 and FMA (runtime.c: the one probe). */
+bool mha_cpu_has_avx2_fma(void);
 
 /* ---- dropout ------------------------------------------------------------- */
 
@@ -203,11 +217,23 @@ static inline float mha_attn_softcap(float s, float cap) {
     return cap * copysignf((1.0f - t) / (1.0f + t), y);
 }
 
-/* Additive bias for (b,h,i,j) from causal, mask and key padding mask;
- * -inf when masked. */
-float mha_attn_bias(const mha_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j);
+/* The additive bias of score (b,h,i,j): src/kernels/attention_bias.h. */
 
 /* Validates the masked-row policy and dropout options into p. */
+/* THE SDPA problem that (q, k, v, opt) describe, for the forward, the
+ * backward and (through mha_sdpa_forward) ONNX: tensor and shape checks,
+ * overflow of the kernels' index products, scale, causal alignment, masks
+ * and key padding broadcast to (B,Hq,L,S), masked_rows and dropout
+ * (mha_attn_check_common); p->q/k/v set.  out (B,Hq,L,dv) or NULL (the
+ * backward): its shape, writability and overlap with q/k/v/masks are
+ * checked where the forward always checked them (before the size
+ * products), and p->o set.  The callers layer their other outputs' checks
+ * and mha_attn_check_modern after it. */
+mha_status mha_sdpa_problem_init(mha_attn_problem *p, const mha_tensor *q, const mha_tensor *k,
+                                 const mha_tensor *v, const mha_tensor *out,
+                                 const mha_sdpa_options *opt);
+/* p->scale from opt (scale_set: finite) or 1/sqrt(p->d); decode uses it too. */
+mha_status mha_attn_resolve_scale(mha_attn_problem *p, const mha_sdpa_options *opt);
 mha_status mha_attn_check_common(mha_attn_problem *p, mha_masked_rows masked_rows, int training,
                                  float dropout_p, uint64_t seed);
 
@@ -269,5 +295,18 @@ void mha_linear_f32(float *y, int64_t ldy, const float *x, int64_t ldx, const fl
  * bit-identical for any thread count; no allocation. */
 void mha_gemm_f32_ab(int trans_a, float *c, int64_t ldc, const float *a, int64_t lda,
                      const float *b, int64_t ldb, int64_t M, int64_t N, int64_t K);
+
+/* ---- KV-cache undo (kv_cache.c), for callers that append and may then fail
+ * (the decoder's step): save the slot the next single-token append fills,
+ * and rewind to the position before it with the slot's bytes restored, so
+ * the cache is bit-identical to before the append. */
+int64_t mha_kv_cache_slot_floats(const mha_kv_cache *c); /* B*Hkv*(d+dv) */
+void mha_kv_cache_slot_save(const mha_kv_cache *c, float *saved);
+void mha_kv_cache_rewind(mha_kv_cache *c, int64_t pos, const float *saved);
+/* The whole storage, k (B,Hkv,slots,d) and v (B,Hkv,slots,dv) (for tests). */
+void mha_kv_cache_storage(const mha_kv_cache *c, const float **k, size_t *nk, const float **v,
+                          size_t *nv);
+/* Layer l's self-attention cache of a decoder cache (decoder_decode.c). */
+const mha_kv_cache *mha_decoder_cache_layer(const mha_decoder_cache *c, int64_t l);
 
 #endif /* MHA_INTERNAL_H */

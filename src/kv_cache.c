@@ -89,6 +89,38 @@ int64_t mha_kv_cache_length(const mha_kv_cache *cache) {
     return cache->pos < cache->slots ? cache->pos : cache->slots;
 }
 
+int64_t mha_kv_cache_slot_floats(const mha_kv_cache *c) { return c->B * c->Hkv * (c->d + c->dv); }
+
+/* Copies (or, restore != 0, writes back) the slot the next append fills:
+ * saved (B,Hkv,d) keys then (B,Hkv,dv) values. */
+static void slot_copy(mha_kv_cache *c, float *saved, int restore) {
+    const int64_t slot = c->pos % c->slots;
+    float *sk = saved, *sv = saved + c->B * c->Hkv * c->d;
+    for (int64_t bh = 0; bh < c->B * c->Hkv; bh++) {
+        float *kd = c->k + (bh * c->slots + slot) * c->d;
+        float *vd = c->v + (bh * c->slots + slot) * c->dv;
+        float *ks = sk + bh * c->d, *vs = sv + bh * c->dv;
+        memcpy(restore ? kd : ks, restore ? ks : kd, sizeof(float) * (size_t)c->d);
+        memcpy(restore ? vd : vs, restore ? vs : vd, sizeof(float) * (size_t)c->dv);
+    }
+}
+
+void mha_kv_cache_slot_save(const mha_kv_cache *c, float *saved) {
+    slot_copy((mha_kv_cache *)c, saved, 0);
+}
+
+void mha_kv_cache_storage(const mha_kv_cache *c, const float **k, size_t *nk, const float **v,
+                          size_t *nv) {
+    *k = c->k, *v = c->v;
+    *nk = (size_t)(c->B * c->Hkv * c->slots * c->d);
+    *nv = (size_t)(c->B * c->Hkv * c->slots * c->dv);
+}
+
+void mha_kv_cache_rewind(mha_kv_cache *c, int64_t pos, const float *saved) {
+    c->pos = pos;
+    slot_copy(c, (float *)saved, 1);
+}
+
 mha_status mha_kv_cache_append(mha_kv_cache *c, const mha_tensor *k, const mha_tensor *v) {
     char s1[MHA_SHAPE_BUF];
     MHA_CHECK(c, MHA_ERR_NULL, "cache: NULL");
@@ -314,6 +346,7 @@ static mha_status decode_ref(mha_tensor *out, const mha_tensor *q, const mha_kv_
 mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q, const mha_kv_cache *c,
                                 const mha_sdpa_options *opt) {
     char s1[MHA_SHAPE_BUF];
+    MHA_TRY(mha_runtime_check());
     mha_sdpa_options defaults;
     if (!opt) {
         mha_sdpa_options_init(&defaults);
@@ -349,12 +382,7 @@ mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q, const mha_
     memset(&p, 0, sizeof p);
     p.B = B, p.Hq = Hq, p.Hkv = c->Hkv, p.L = 1, p.S = len, p.d = d, p.dv = dv;
     p.q = *q, p.o = *out;
-    if (opt->scale_set) {
-        MHA_CHECK(isfinite(opt->scale), MHA_ERR_VALUE, "scale: %g is not finite", (double)opt->scale);
-        p.scale = opt->scale;
-    } else {
-        p.scale = (float)(1.0 / sqrt((double)d));
-    }
+    MHA_TRY(mha_attn_resolve_scale(&p, opt));
     mha_sdpa_options o = *opt;
     o.rope = MHA_ROPE_NONE; /* rotated here, at position pos - 1 */
     float *unused = NULL;

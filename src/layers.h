@@ -29,6 +29,8 @@ mha_status mha_matrix_check(const mha_tensor *t, const char *name, int64_t rows,
 static inline const float *mha_fdata(const mha_tensor *t) {
     return t ? (const float *)t->data : NULL;
 }
+/* A gradient's data, NULL for a NULL (not wanted) gradient. */
+static inline float *mha_gdata(mha_tensor *t) { return t ? (float *)t->data : NULL; }
 
 /* ---- norms (norm.c): y (N,E) from x (N,E); w, b (E) or NULL; y may be x. */
 void mha_layernorm_f32(float *y, const float *x, int64_t N, int64_t E, const float *w,
@@ -151,5 +153,9 @@ mha_status mha_decoder_layer_backward_at(mha_tensor *dtgt, mha_tensor *dmemory,
                                          const mha_layer_masks *masks,
                                          const mha_layer_options *opt, void *workspace,
                                          size_t workspace_bytes, int64_t layer);
+
+/* The layer options every layer call checks first (transformer.c): activation,
+ * layer_norm_eps > 0 finite, dropout_p in [0,1), a known kernel. */
+mha_status mha_layer_check_options(const mha_layer_options *opt);
 
 #endif /* MHA_LAYERS_H */

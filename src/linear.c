@@ -1,13 +1,17 @@
 /* linear.c - y = x w^T + bias, the projections' GEMM; and the backward's
  * C += A B, C += A^T B (mha_gemm_f32_ab).
  *
- * Three paths (src/kernels/gemm.h): one cblas_sgemm call (OpenBLAS), mha's
- * packed AVX2+FMA kernel (src/kernels/gemm_avx2.c), or the cache-blocked
- * portable loop below (the reference, always built).  Letters: M rows of x,
- * K input features, N output features.
+ * THE GEMM route: every product of the library goes through the two
+ * dispatchers here.  Three paths (src/kernels/gemm.h): one cblas_sgemm call
+ * (OpenBLAS), mha's packed AVX2+FMA kernel (src/kernels/gemm_avx2.c), or the
+ * cache-blocked portable loops (src/kernels/gemm_ref.c, the reference,
+ * always built); the choice is src/runtime.c's.  Also the public Linear
+ * functions (nn.Linear forward and backward).  Letters: M rows of x, K input
+ * features, N output features.
  */
 #include "internal.h"
 #include "kernels/gemm.h"
+#include "layers.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -17,144 +21,32 @@
 #include <cblas.h>
 #endif
 
-/* Portable fallback: blocks of rows x columns so a panel of w stays in cache;
- * the k-loop is innermost and contiguous in both x and w. */
-static void linear_blocked(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
-                           int64_t ldw, int64_t M, int64_t N, int64_t K) {
-    enum { ROWS = 32, COLS = 64 };
-#pragma omp parallel for collapse(2) schedule(static) num_threads(mha_threads())
-    for (int64_t r0 = 0; r0 < M; r0 += ROWS) {
-        for (int64_t c0 = 0; c0 < N; c0 += COLS) {
-            int64_t r1 = r0 + ROWS < M ? r0 + ROWS : M;
-            int64_t c1 = c0 + COLS < N ? c0 + COLS : N;
-            for (int64_t r = r0; r < r1; r++) {
-                const float *xr = x + r * ldx;
-                for (int64_t c = c0; c < c1; c++) {
-                    const float *wc = w + c * ldw;
-                    float acc[8] = {0};
-                    int64_t kk = 0;
-                    for (; kk + 8 <= K; kk += 8)
-                        for (int u = 0; u < 8; u++)
-                            acc[u] += xr[kk + u] * wc[kk + u];
-                    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +
-                              ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-                    for (; kk < K; kk++)
-                        s += xr[kk] * wc[kk];
-                    y[r * ldy + c] += s;
-                }
-            }
-        }
-    }
-}
-
-/* Portable C (M,N) += op(A) (M,K) B (K,N), op(A) = A (M,K) or A^T for A
- * (K,M): blocks of rows x columns of C (fixed by the problem size), each
- * owned by one thread; per row, k ascending, an axpy of a row of B into C
- * (contiguous, vectorisable), so every element sums k in order. */
-static void gemm_ab_blocked(int trans_a, float *c, int64_t ldc, const float *a, int64_t lda,
-                            const float *b, int64_t ldb, int64_t M, int64_t N, int64_t K) {
-    enum { ROWS = 16, COLS = 256, KB = 256 };
-    const int64_t nrb = (M + ROWS - 1) / ROWS, ncb = (N + COLS - 1) / COLS;
-#pragma omp parallel for schedule(static) num_threads(mha_threads())
-    for (int64_t t = 0; t < nrb * ncb; t++) {
-        const int64_t r0 = t / ncb * ROWS, c0 = t % ncb * COLS;
-        const int64_t r1 = r0 + ROWS < M ? r0 + ROWS : M, c1 = c0 + COLS < N ? c0 + COLS : N;
-        for (int64_t k0 = 0; k0 < K; k0 += KB) {
-            const int64_t k1 = k0 + KB < K ? k0 + KB : K;
-            for (int64_t r = r0; r < r1; r++) {
-                float *cr = c + r * ldc;
-                for (int64_t k = k0; k < k1; k++) {
-                    const float s = trans_a ? a[k * lda + r] : a[r * lda + k];
-                    const float *br = b + k * ldb;
-                    for (int64_t j = c0; j < c1; j++)
-                        cr[j] += s * br[j];
-                }
-            }
-        }
-    }
-}
-
-/* ---- path selection --------------------------------------------------------- */
-
-const char *mha_gemm_path_name(mha_gemm_path path) {
-    switch (path) {
-    case MHA_GEMM_AUTO: return "auto";
-    case MHA_GEMM_BLAS: return "blas";
-    case MHA_GEMM_AVX2: return "avx2";
-    case MHA_GEMM_PORTABLE: return "portable";
-    }
-    return "unknown";
-}
-
-bool mha_cpu_has_avx2_fma(void) {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return false;
-#endif
-}
-
-#ifdef MHA_HAVE_CBLAS
-/* True when OpenBLAS's run-time core has AVX2 sgemm kernels.  OpenBLAS
- * 0.3.21 (Debian 12) does not know newer CPUs (e.g. Xeon family 6 model
- * 207) and falls back to "Prescott" (SSE3), 3-4x slower than its Haswell
- * kernel on the same machine; the names below are its cores without AVX2
- * (driver/others/dynamic.c's corename table). */
-static bool blas_core_has_avx2(void) {
-    static const char *const pre_avx2[] = {
-        "unknown",  "katmai",    "coppermine", "northwood", "prescott",     "banias",
-        "atom",     "core2",     "penryn",     "dunnington", "nehalem",     "athlon",
-        "opteron",  "opteron_sse3", "barcelona", "nano",     "sandybridge", "bobcat",
-        "bulldozer", "piledriver", "steamroller"};
-    const char *core = openblas_get_corename();
-    if (!core)
-        return false;
-    for (size_t i = 0; i < sizeof pre_avx2 / sizeof pre_avx2[0]; i++)
-        if (strcasecmp(core, pre_avx2[i]) == 0)
-            return false;
-    return true;
-}
-#endif
-
-/* The automatic choice, computed once (idempotent, so a race is harmless). */
-static mha_gemm_path gemm_best(void) {
-    static _Atomic int best; /* 0: not yet computed */
-    int b = best;
-    if (b)
-        return (mha_gemm_path)b;
-    bool avx2 = mha_cpu_has_avx2_fma();
-#ifdef MHA_HAVE_CBLAS
-    b = (avx2 && !blas_core_has_avx2()) ? MHA_GEMM_AVX2 : MHA_GEMM_BLAS;
-#else
-    b = avx2 ? MHA_GEMM_AVX2 : MHA_GEMM_PORTABLE;
-#endif
-    best = b;
-    return (mha_gemm_path)b;
-}
-
-mha_gemm_path mha_gemm_resolve(mha_gemm_path requested) {
-    if (requested == MHA_GEMM_AUTO) {
-        const char *env = getenv("MHA_GEMM");
-        if (env && strcmp(env, "blas") == 0)
-            requested = MHA_GEMM_BLAS;
-        else if (env && strcmp(env, "avx2") == 0)
-            requested = MHA_GEMM_AVX2;
-        else if (env && strcmp(env, "portable") == 0)
-            requested = MHA_GEMM_PORTABLE;
-        else
-            return gemm_best();
-    }
-#ifndef MHA_HAVE_CBLAS
-    if (requested == MHA_GEMM_BLAS)
-        return gemm_best();
-#endif
-    if (requested == MHA_GEMM_AVX2 && !mha_cpu_has_avx2_fma())
-        return gemm_best();
-    return requested;
-}
-
 /* ---- the product ------------------------------------------------------------- */
+
+#ifdef MHA_HAVE_CBLAS
+/* The leading dimension cblas_sgemm accepts for a row-major (rows, cols)
+ * operand stored ld apart, or 0 when it accepts none.  CBLAS rejects
+ * ld < max(1, cols) (OpenBLAS prints "parameter number N had an illegal
+ * value" and skips the product).  The stride of a single row is never read,
+ * so it is normalised (a broadcast view of one row has stride 0); rows that
+ * truly overlap (0 < ld < cols) cannot be described to BLAS. */
+static int64_t blas_ld(int64_t ld, int64_t rows, int64_t cols) {
+    const int64_t need = cols > 1 ? cols : 1;
+    if (rows <= 1 && ld < need)
+        ld = need;
+    return ld >= need && ld <= INT32_MAX ? ld : 0;
+}
+
+static bool blas_fits(int64_t M, int64_t N, int64_t K) {
+    return M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX;
+}
+
+/* Where a product BLAS cannot take runs instead: mha's own kernels take any
+ * stride (overlapping rows are only read). */
+static mha_gemm_path blas_fallback(void) {
+    return mha_cpu_has_avx2_fma() ? MHA_GEMM_AVX2 : MHA_GEMM_PORTABLE;
+}
+#endif
 
 mha_gemm_path mha_linear_f32_path(mha_gemm_path requested, float *y, int64_t ldy, const float *x,
                                   int64_t ldx, const float *w, int64_t ldw, const float *bias,
@@ -181,14 +73,22 @@ mha_gemm_path mha_linear_f32_path(mha_gemm_path requested, float *y, int64_t ldy
         return path;
     }
 #ifdef MHA_HAVE_CBLAS
-    if (path == MHA_GEMM_BLAS && M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX &&
-        ldx <= INT32_MAX && ldy <= INT32_MAX && ldw <= INT32_MAX) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, x,
-                    (int)ldx, w, (int)ldw, 1.0f, y, (int)ldy);
-        return path;
+    if (path == MHA_GEMM_BLAS) {
+        /* x (M,K), w (N,K), y (M,N), all row-major */
+        const int64_t lx = blas_ld(ldx, M, K), lw = blas_ld(ldw, N, K), ly = blas_ld(ldy, M, N);
+        if (blas_fits(M, N, K) && lx && lw && ly) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, x,
+                        (int)lx, w, (int)lw, 1.0f, y, (int)ly);
+            return path;
+        }
+        path = blas_fallback();
+        if (path == MHA_GEMM_AVX2) {
+            mha_gemm_f32_avx2(y, ldy, x, ldx, w, ldw, M, N, K);
+            return path;
+        }
     }
 #endif
-    linear_blocked(y, ldy, x, ldx, w, ldw, M, N, K);
+    mha_gemm_f32_ref(y, ldy, x, ldx, w, ldw, M, N, K);
     return MHA_GEMM_PORTABLE;
 }
 
@@ -203,14 +103,23 @@ mha_gemm_path mha_gemm_f32_ab_path(mha_gemm_path requested, int trans_a, float *
         return path;
     }
 #ifdef MHA_HAVE_CBLAS
-    if (path == MHA_GEMM_BLAS && M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX &&
-        lda <= INT32_MAX && ldb <= INT32_MAX && ldc <= INT32_MAX) {
-        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, CblasNoTrans, (int)M,
-                    (int)N, (int)K, 1.0f, a, (int)lda, b, (int)ldb, 1.0f, c, (int)ldc);
-        return path;
+    if (path == MHA_GEMM_BLAS) {
+        /* A (M,K) or, transposed, (K,M); B (K,N); C (M,N); all row-major */
+        const int64_t la = trans_a ? blas_ld(lda, K, M) : blas_ld(lda, M, K);
+        const int64_t lb = blas_ld(ldb, K, N), lc = blas_ld(ldc, M, N);
+        if (blas_fits(M, N, K) && la && lb && lc) {
+            cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, CblasNoTrans, (int)M,
+                        (int)N, (int)K, 1.0f, a, (int)la, b, (int)lb, 1.0f, c, (int)lc);
+            return path;
+        }
+        path = blas_fallback();
+        if (path == MHA_GEMM_AVX2) {
+            mha_gemm_f32_ab_avx2(trans_a, c, ldc, a, lda, b, ldb, M, N, K);
+            return path;
+        }
     }
 #endif
-    gemm_ab_blocked(trans_a, c, ldc, a, lda, b, ldb, M, N, K);
+    mha_gemm_f32_ab_ref(trans_a, c, ldc, a, lda, b, ldb, M, N, K);
     return MHA_GEMM_PORTABLE;
 }
 
@@ -223,4 +132,54 @@ void mha_linear_f32(float *y, int64_t ldy, const float *x, int64_t ldx, const fl
                     int64_t ldw, const float *bias, int64_t M, int64_t N, int64_t K,
                     int accumulate) {
     mha_linear_f32_path(MHA_GEMM_AUTO, y, ldy, x, ldx, w, ldw, bias, M, N, K, accumulate);
+}
+
+/* ---- nn.Linear, the public entries --------------------------------------------------- */
+
+/* x (N,K) rows and weight (F,K), the environment's choices valid. */
+static mha_status linear_check(const mha_tensor *x, const mha_tensor *weight, int64_t *N,
+                               int64_t *K, int64_t *F) {
+    MHA_TRY(mha_runtime_check());
+    MHA_TRY(mha_rows_check(x, "x", -1, N, K));
+    MHA_CHECK(weight != NULL, MHA_ERR_NULL, "weight: NULL tensor");
+    MHA_TRY(mha_check_tensor(weight, "weight", 2, MHA_F32));
+    *F = weight->shape[0];
+    int64_t k = *K;
+    return mha_matrix_check(weight, "weight", *F, &k);
+}
+
+mha_status mha_linear_forward(mha_tensor *out, const mha_tensor *x, const mha_tensor *weight,
+                              const mha_tensor *bias) {
+    int64_t N, K, F;
+    MHA_TRY(linear_check(x, weight, &N, &K, &F));
+    MHA_TRY(mha_vector_check(bias, "bias", F));
+    MHA_TRY(mha_rows_check_out(out, x, "out", N, F, false));
+    MHA_CHECK(!mha_tensors_overlap(out, weight) && (!bias || !mha_tensors_overlap(out, bias)),
+              MHA_ERR_ALIAS, "out: overlaps weight or bias");
+    mha_linear_f32(out->data, F, x->data, K, weight->data, K, mha_fdata(bias), N, F, K, 0);
+    return MHA_OK;
+}
+
+mha_status mha_linear_backward(mha_tensor *dx, mha_tensor *dweight, mha_tensor *dbias,
+                               const mha_tensor *dout, const mha_tensor *x,
+                               const mha_tensor *weight) {
+    int64_t N, K, F, k;
+    MHA_TRY(linear_check(x, weight, &N, &K, &F));
+    MHA_TRY(mha_rows_check_out(dout, x, "dout", N, F, false));
+    if (dx) {
+        MHA_TRY(mha_rows_check_out(dx, x, "dx", N, K, false));
+        MHA_CHECK(!mha_tensors_overlap(dx, dout) && !mha_tensors_overlap(dx, weight),
+                  MHA_ERR_ALIAS, "dx: overlaps dout or weight");
+    }
+    if (dweight) {
+        k = K;
+        MHA_TRY(mha_matrix_check(dweight, "dweight", F, &k));
+        MHA_CHECK(!mha_tensors_overlap(dweight, dout) && !mha_tensors_overlap(dweight, x) &&
+                      !mha_tensors_overlap(dweight, weight),
+                  MHA_ERR_ALIAS, "dweight: overlaps an input");
+    }
+    MHA_TRY(mha_vector_check(dbias, "dbias", F));
+    mha_linear_backward_f32(mha_gdata(dx), mha_gdata(dweight), mha_gdata(dbias), dout->data, x->data,
+                            weight->data, N, F, K);
+    return MHA_OK;
 }

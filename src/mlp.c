@@ -3,34 +3,15 @@
  * (SwiGLU: linear2(silu(linear1 x) * linear3 x)).
  *
  * Letter legend: N rows, E model width, F hidden width.
- * The GEMMs are mha_linear_f32 (CBLAS when built with it); the reference
- * (mha_mlp_ref) is triple loops in float64.
+ * The GEMMs go through linear.c's dispatcher (mha_linear_f32,
+ * mha_gemm_f32_ab); the reference (mha_mlp_ref) is triple loops in float64.
+ * The public nn.Linear functions are in linear.c.
  */
 #include "layers.h"
 
 #include <math.h>
 #include <string.h>
 
-#ifdef MHA_HAVE_CBLAS
-#include <cblas.h>
-#endif
-
-mha_status mha_linear_forward(mha_tensor *out, const mha_tensor *x, const mha_tensor *weight,
-                              const mha_tensor *bias) {
-    int64_t N, K, F = -1;
-    MHA_TRY(mha_rows_check(x, "x", -1, &N, &K));
-    MHA_CHECK(weight != NULL, MHA_ERR_NULL, "weight: NULL tensor");
-    MHA_TRY(mha_check_tensor(weight, "weight", 2, MHA_F32));
-    F = weight->shape[0];
-    int64_t k = K;
-    MHA_TRY(mha_matrix_check(weight, "weight", F, &k));
-    MHA_TRY(mha_vector_check(bias, "bias", F));
-    MHA_TRY(mha_rows_check_out(out, x, "out", N, F, false));
-    MHA_CHECK(!mha_tensors_overlap(out, weight) && (!bias || !mha_tensors_overlap(out, bias)),
-              MHA_ERR_ALIAS, "out: overlaps weight or bias");
-    mha_linear_f32(out->data, F, x->data, K, weight->data, K, mha_fdata(bias), N, F, K, 0);
-    return MHA_OK;
-}
 
 mha_status mha_mlp_resolve(const mha_mlp_weights *w, int64_t E, mha_mlp_raw *m) {
     MHA_CHECK(w != NULL, MHA_ERR_NULL, "mlp: NULL weights");
@@ -116,6 +97,7 @@ mha_status mha_mlp_forward(mha_tensor *out, const mha_tensor *x, const mha_mlp_w
                            mha_activation act, void *workspace, size_t workspace_bytes) {
     int64_t N, E;
     mha_mlp_raw m;
+    MHA_TRY(mha_runtime_check());
     MHA_CHECK(act >= MHA_ACT_RELU && act <= MHA_ACT_SILU, MHA_ERR_VALUE,
               "activation: unknown value %d", (int)act);
     MHA_TRY(mha_rows_check(x, "x", -1, &N, &E));
@@ -128,19 +110,10 @@ mha_status mha_mlp_forward(mha_tensor *out, const mha_tensor *x, const mha_mlp_w
                   "out: overlaps a weight");
     size_t need;
     MHA_TRY(mha_mlp_workspace_size(N, m.F, m.w3 != NULL, &need));
-    float *hidden = workspace;
-    if (hidden) {
-        MHA_CHECK(workspace_bytes >= need, MHA_ERR_VALUE, "mlp: workspace of %zu bytes, need %zu",
-                  workspace_bytes, need);
-        MHA_CHECK(((uintptr_t)workspace % sizeof(float)) == 0, MHA_ERR_VALUE,
-                  "mlp: workspace must be float-aligned");
-    } else {
-        hidden = mha_malloc(need ? need : 1);
-        MHA_CHECK(hidden != NULL, MHA_ERR_NOMEM, "mlp: cannot allocate %zu bytes", need);
-    }
+    float *hidden, *owned;
+    MHA_TRY(mha_workspace_get(workspace, workspace_bytes, need, "mlp", &hidden, &owned));
     mha_mlp_f32(out->data, x->data, N, &m, act, hidden, 0.0f, 0, 0);
-    if (hidden != workspace)
-        mha_free(hidden);
+    mha_free(owned);
     return MHA_OK;
 }
 
@@ -149,8 +122,9 @@ mha_status mha_mlp_forward(mha_tensor *out, const mha_tensor *x, const mha_mlp_w
  *   dx (N,K) += dout (N,F) w (F,K)     one GEMM over F
  *   dw (F,K) += dout^T (F,N) x (N,K)   one GEMM over the rows
  *   db (F)   += sum over rows of dout
- * The fallback loops give each thread whole output rows, so every element
- * is summed in one fixed order whatever the thread count. */
+ * Both products go through the GEMM dispatcher (linear.c), like every
+ * other GEMM: MHA_GEMM and the avx2 path apply; each path sums every
+ * element in one fixed order whatever the thread count. */
 
 void mha_linear_backward_f32(float *dx, float *dw, float *db, const float *dout, const float *x,
                              const float *w, int64_t N, int64_t F, int64_t K) {
@@ -160,35 +134,10 @@ void mha_linear_backward_f32(float *dx, float *dw, float *db, const float *dout,
                 db[f] += dout[r * F + f];
     if (N == 0 || F == 0 || K == 0)
         return;
-#ifdef MHA_HAVE_CBLAS
-    if (N <= INT32_MAX && F <= INT32_MAX && K <= INT32_MAX) {
-        if (dx)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)K, (int)F, 1.0f,
-                        dout, (int)F, w, (int)K, 1.0f, dx, (int)K);
-        if (dw)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)F, (int)K, (int)N, 1.0f,
-                        dout, (int)F, x, (int)K, 1.0f, dw, (int)K);
-        return;
-    }
-#endif
-    if (dx) {
-#pragma omp parallel for schedule(static) num_threads(mha_threads()) if (N * F * K > 65536)
-        for (int64_t r = 0; r < N; r++)
-            for (int64_t f = 0; f < F; f++) {
-                const float a = dout[r * F + f];
-                for (int64_t k = 0; k < K; k++)
-                    dx[r * K + k] += a * w[f * K + k];
-            }
-    }
-    if (dw) {
-#pragma omp parallel for schedule(static) num_threads(mha_threads()) if (N * F * K > 65536)
-        for (int64_t f = 0; f < F; f++)
-            for (int64_t r = 0; r < N; r++) {
-                const float a = dout[r * F + f];
-                for (int64_t k = 0; k < K; k++)
-                    dw[f * K + k] += a * x[r * K + k];
-            }
-    }
+    if (dx) /* dx (N,K) += dout (N,F) w (F,K) */
+        mha_gemm_f32_ab(0, dx, K, dout, F, w, K, N, K, F);
+    if (dw) /* dw (F,K) += dout^T (F,N) x (N,K) */
+        mha_gemm_f32_ab(1, dw, K, dout, F, x, K, F, K, N);
 }
 
 void mha_linear_backward_ref(float *dx, float *dw, float *db, const float *dout, const float *x,
@@ -331,36 +280,6 @@ void mha_mlp_backward_ref(float *dx, const mha_mlp_raw_grads *g, const float *do
 
 /* ---- public backward ------------------------------------------------------- */
 
-static float *gdata(mha_tensor *t) { return t ? (float *)t->data : NULL; }
-
-mha_status mha_linear_backward(mha_tensor *dx, mha_tensor *dweight, mha_tensor *dbias,
-                               const mha_tensor *dout, const mha_tensor *x,
-                               const mha_tensor *weight) {
-    int64_t N, K, F;
-    MHA_TRY(mha_rows_check(x, "x", -1, &N, &K));
-    MHA_CHECK(weight != NULL, MHA_ERR_NULL, "weight: NULL tensor");
-    MHA_TRY(mha_check_tensor(weight, "weight", 2, MHA_F32));
-    F = weight->shape[0];
-    int64_t k = K;
-    MHA_TRY(mha_matrix_check(weight, "weight", F, &k));
-    MHA_TRY(mha_rows_check_out(dout, x, "dout", N, F, false));
-    if (dx) {
-        MHA_TRY(mha_rows_check_out(dx, x, "dx", N, K, false));
-        MHA_CHECK(!mha_tensors_overlap(dx, dout) && !mha_tensors_overlap(dx, weight),
-                  MHA_ERR_ALIAS, "dx: overlaps dout or weight");
-    }
-    if (dweight) {
-        k = K;
-        MHA_TRY(mha_matrix_check(dweight, "dweight", F, &k));
-        MHA_CHECK(!mha_tensors_overlap(dweight, dout) && !mha_tensors_overlap(dweight, x) &&
-                      !mha_tensors_overlap(dweight, weight),
-                  MHA_ERR_ALIAS, "dweight: overlaps an input");
-    }
-    MHA_TRY(mha_vector_check(dbias, "dbias", F));
-    mha_linear_backward_f32(gdata(dx), gdata(dweight), gdata(dbias), dout->data, x->data,
-                            weight->data, N, F, K);
-    return MHA_OK;
-}
 
 mha_status mha_mlp_backward_workspace_size(int64_t N, int64_t F, int gated, size_t *bytes) {
     MHA_CHECK(bytes != NULL, MHA_ERR_NULL, "mlp: NULL bytes");
@@ -398,6 +317,7 @@ mha_status mha_mlp_backward(mha_tensor *dx, const mha_mlp_grads *grads, const mh
                             void *workspace, size_t workspace_bytes) {
     int64_t N, E;
     mha_mlp_raw m;
+    MHA_TRY(mha_runtime_check());
     MHA_CHECK(act >= MHA_ACT_RELU && act <= MHA_ACT_SILU, MHA_ERR_VALUE,
               "activation: unknown value %d", (int)act);
     MHA_TRY(mha_rows_check(x, "x", -1, &N, &E));
@@ -417,21 +337,12 @@ mha_status mha_mlp_backward(mha_tensor *dx, const mha_mlp_grads *grads, const mh
     MHA_TRY(grad_like(gr->linear3_bias, w->linear3_bias, "dlinear3_bias"));
     size_t need;
     MHA_TRY(mha_mlp_backward_workspace_size(N, m.F, m.w3 != NULL, &need));
-    float *ws = workspace;
-    if (ws) {
-        MHA_CHECK(workspace_bytes >= need, MHA_ERR_VALUE, "mlp: workspace of %zu bytes, need %zu",
-                  workspace_bytes, need);
-        MHA_CHECK(((uintptr_t)workspace % sizeof(float)) == 0, MHA_ERR_VALUE,
-                  "mlp: workspace must be float-aligned");
-    } else {
-        ws = mha_malloc(need ? need : 1);
-        MHA_CHECK(ws != NULL, MHA_ERR_NOMEM, "mlp: cannot allocate %zu bytes", need);
-    }
-    mha_mlp_raw_grads g = {gdata(gr->linear1_weight), gdata(gr->linear1_bias),
-                           gdata(gr->linear2_weight), gdata(gr->linear2_bias),
-                           gdata(gr->linear3_weight), gdata(gr->linear3_bias)};
-    mha_mlp_backward_f32(gdata(dx), &g, dout->data, x->data, N, &m, act, ws, 0.0f, 0, 0);
-    if (ws != workspace)
-        mha_free(ws);
+    float *ws, *owned;
+    MHA_TRY(mha_workspace_get(workspace, workspace_bytes, need, "mlp", &ws, &owned));
+    mha_mlp_raw_grads g = {mha_gdata(gr->linear1_weight), mha_gdata(gr->linear1_bias),
+                           mha_gdata(gr->linear2_weight), mha_gdata(gr->linear2_bias),
+                           mha_gdata(gr->linear3_weight), mha_gdata(gr->linear3_bias)};
+    mha_mlp_backward_f32(mha_gdata(dx), &g, dout->data, x->data, N, &m, act, ws, 0.0f, 0, 0);
+    mha_free(owned);
     return MHA_OK;
 }

@@ -177,12 +177,7 @@ static int64_t fill_table(const mha_model_config *c, param_info *t, int64_t *n_p
 }
 
 /* SplitMix64 finaliser; ref: Steele, Lea, Flood, OOPSLA 2014. */
-static uint64_t mix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
+static uint64_t mix64(uint64_t x) { return mha_splitmix64(x); }
 
 /* uniform(-a, a) for element i of tensor k */
 static float uniform(uint64_t seed, int64_t k, int64_t i, double a) {
@@ -319,7 +314,6 @@ static int64_t line(int64_t n) { return (n + 15) / 16 * 16; }
 static mha_status ensure_acts(mha_model *m, int64_t B, int64_t T) {
     const mha_model_config *c = &m->cfg;
     const int64_t N = B * T, E = c->dim, V = c->vocab;
-    m->B = B, m->T = T;
     size_t sb, wb;
     MHA_TRY(mha_layer_saved_size(B, T, T, E, c->heads, &sb));
     MHA_TRY(mha_layer_train_workspace_size(B, T, T, E, c->ffn, c->heads, &wb));
@@ -334,6 +328,7 @@ static mha_status ensure_acts(mha_model *m, int64_t B, int64_t T) {
                   (long long)need);
     }
     float *a = m->acts;
+    m->B = B, m->T = T; /* only once the activations fit them */
     m->x = a, a += line((c->layers + 1) * N * E);
     m->saved = a, m->saved_floats = sf, a += c->layers * sf;
     m->h = a, a += line(N * E);
@@ -371,6 +366,7 @@ mha_status mha_model_forward(mha_model *m, const int64_t *tokens, const int64_t 
                              int64_t B, int64_t T, int training, uint64_t step_seed,
                              float *loss) {
     MHA_CHECK(m != NULL && tokens != NULL, MHA_ERR_NULL, "model: NULL model or tokens");
+    MHA_TRY(mha_runtime_check());
     const mha_model_config *c = &m->cfg;
     MHA_CHECK(B >= 1 && T >= 1 && T <= c->max_len, MHA_ERR_SHAPE,
               "model: tokens (B,T) = (%lld,%lld), T must be in 1..max_len %lld", (long long)B,
@@ -410,9 +406,13 @@ mha_status mha_model_forward(mha_model *m, const int64_t *tokens, const int64_t 
     mha_layer_masks masks = {NULL, NULL, c->causal, NULL, NULL};
     for (int64_t l = 0; l < c->layers; l++) {
         mha_tensor in = seq_view(m, m->x + l * N * E), out = seq_view(m, m->x + (l + 1) * N * E);
-        MHA_TRY(mha_encoder_layer_forward_train_at(
+        mha_status st = mha_encoder_layer_forward_train_at(
             &out, m->saved + l * m->saved_floats, sizeof(float) * (size_t)m->saved_floats, &in,
-            &m->lw[l], &masks, &o, m->ws, sizeof(float) * (size_t)m->ws_floats, l));
+            &m->lw[l], &masks, &o, m->ws, sizeof(float) * (size_t)m->ws_floats, l);
+        if (st != MHA_OK) { /* half-written activations: a backward must not use them */
+            m->have_targets = 0;
+            return st;
+        }
     }
     const float *top = m->x + c->layers * N * E;
     if (c->norm_first) {
@@ -455,6 +455,7 @@ mha_status mha_model_backward(mha_model *m) {
     MHA_CHECK(m != NULL, MHA_ERR_NULL, "model: NULL model");
     MHA_CHECK(m->acts != NULL && m->have_targets, MHA_ERR_VALUE,
               "model: backward needs a forward call with targets first");
+    MHA_TRY(mha_runtime_check());
     const mha_model_config *c = &m->cfg;
     const int64_t B = m->B, T = m->T, N = B * T, E = c->dim, V = c->vocab;
     /* dlogits = (p - onehot(target)) / count, 0 on ignored rows */

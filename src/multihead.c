@@ -87,6 +87,7 @@ mha_status mha_mh_check_dims(mh_dims *m, const mha_tensor *query, const mha_tens
                              const mha_multihead_options *opt) {
     char s1[MHA_SHAPE_BUF], s2[MHA_SHAPE_BUF];
     memset(m, 0, sizeof *m);
+    MHA_TRY(mha_runtime_check());
     MHA_CHECK(w != NULL, MHA_ERR_NULL, "w: NULL weights");
     MHA_CHECK(opt != NULL, MHA_ERR_NULL, "opt: NULL options");
     MHA_CHECK(query != NULL, MHA_ERR_NULL, "query: NULL tensor");

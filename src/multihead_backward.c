@@ -283,13 +283,9 @@ mha_status mha_multihead_backward(mha_tensor *dquery, mha_tensor *dkey, mha_tens
     size_t ws_need;
     MHA_TRY(mha_multihead_backward_workspace_size(m.B, m.L, m.S, E, m.H, m.bias_kv,
                                                   opt->add_zero_attn, &ws_need));
-    float *ws = workspace;
-    if (ws)
-        MHA_CHECK(workspace_bytes >= ws_need, MHA_ERR_VALUE,
-                  "workspace: %zu bytes, need %zu", workspace_bytes, ws_need);
-    else
-        ws = mha_malloc(ws_need);
-    MHA_CHECK(ws != NULL, MHA_ERR_NOMEM, "multihead backward: cannot allocate %zu bytes", ws_need);
+    float *ws, *owned;
+    MHA_TRY(mha_workspace_get(workspace, workspace_bytes, ws_need, "multihead backward", &ws,
+                              &owned));
     float *dqkv = ws, *dattn = ws + n_qkv;
     memset(ws, 0, ws_need);
 
@@ -388,7 +384,6 @@ mha_status mha_multihead_backward(mha_tensor *dquery, mha_tensor *dkey, mha_tens
         }
     }
 done:
-    if (ws != workspace)
-        mha_free(ws);
+    mha_free(owned);
     return st;
 }

@@ -118,8 +118,9 @@ static mha_status check_seq(const mha_tensor *t, const char *name, int64_t *B, i
     return MHA_OK;
 }
 
-static mha_status check_options(const mha_layer_options *opt) {
+mha_status mha_layer_check_options(const mha_layer_options *opt) {
     MHA_CHECK(opt != NULL, MHA_ERR_NULL, "layer: NULL options");
+    MHA_TRY(mha_runtime_check());
     MHA_CHECK(opt->activation >= MHA_ACT_RELU && opt->activation <= MHA_ACT_SILU, MHA_ERR_VALUE,
               "activation: unknown value %d", (int)opt->activation);
     MHA_CHECK(opt->layer_norm_eps > 0.0f && opt->layer_norm_eps < __builtin_inff(),
@@ -127,6 +128,8 @@ static mha_status check_options(const mha_layer_options *opt) {
               (double)opt->layer_norm_eps);
     MHA_CHECK(opt->dropout_p >= 0.0f && opt->dropout_p < 1.0f, MHA_ERR_VALUE,
               "dropout_p: %g must be in [0,1)", (double)opt->dropout_p);
+    MHA_CHECK(opt->kernel >= MHA_KERNEL_AUTO && opt->kernel <= MHA_KERNEL_AVX2, MHA_ERR_VALUE,
+              "kernel: unknown kernel %d", (int)opt->kernel);
     return MHA_OK;
 }
 
@@ -138,7 +141,7 @@ static mha_status run_begin(layer_run *r, const mha_tensor *x, const mha_tensor 
     char sb[MHA_SHAPE_BUF];
     memset(r, 0, sizeof *r);
     *owned = NULL;
-    MHA_TRY(check_options(opt));
+    MHA_TRY(mha_layer_check_options(opt));
     MHA_TRY(check_seq(x, memory ? "tgt" : "src", &r->B, &r->L, &r->E));
     r->batched = x->ndim == 3;
     r->S = r->L;
@@ -156,17 +159,7 @@ static mha_status run_begin(layer_run *r, const mha_tensor *x, const mha_tensor 
         r->masks = *masks;
     MHA_TRY(plan_workspace(r->B, r->L, r->S, r->E, F, &r->plan));
     size_t need = (size_t)r->plan.total * sizeof(float);
-    if (workspace) {
-        MHA_CHECK(workspace_bytes >= need, MHA_ERR_VALUE,
-                  "workspace: %zu bytes, the plan needs %zu", workspace_bytes, need);
-        MHA_CHECK((uintptr_t)workspace % sizeof(float) == 0, MHA_ERR_VALUE,
-                  "workspace: must be float-aligned");
-        r->ws = workspace;
-    } else {
-        r->ws = *owned = mha_malloc(need ? need : 1);
-        MHA_CHECK(r->ws != NULL, MHA_ERR_NOMEM, "layer: cannot allocate %zu bytes of workspace",
-                  need);
-    }
+    MHA_TRY(mha_workspace_get(workspace, workspace_bytes, need, "layer", &r->ws, owned));
     r->t = *x, r->n = *x;
     r->t.data = r->ws + r->plan.t;
     r->n.data = r->ws + r->plan.n;
@@ -532,7 +525,7 @@ static mha_status train_begin(train_run *r, const mha_tensor *x, const mha_tenso
                               void *workspace, size_t workspace_bytes, int64_t layer) {
     char sb[MHA_SHAPE_BUF];
     memset(r, 0, sizeof *r);
-    MHA_TRY(check_options(opt));
+    MHA_TRY(mha_layer_check_options(opt));
     MHA_TRY(check_seq(x, memory ? "tgt" : "src", &r->B, &r->L, &r->E));
     r->S = r->L;
     if (memory) {
@@ -563,17 +556,7 @@ static mha_status train_begin(train_run *r, const mha_tensor *x, const mha_tenso
         memcpy(r->saved, want, sizeof want);
     }
     size_t need = (size_t)r->plan.ws_total * sizeof(float);
-    if (workspace) {
-        MHA_CHECK(workspace_bytes >= need, MHA_ERR_VALUE,
-                  "workspace: %zu bytes, the plan needs %zu", workspace_bytes, need);
-        MHA_CHECK((uintptr_t)workspace % sizeof(float) == 0, MHA_ERR_VALUE,
-                  "workspace: must be float-aligned");
-        r->ws = workspace;
-    } else {
-        r->ws = r->owned = mha_malloc(need ? need : 1);
-        MHA_CHECK(r->ws != NULL, MHA_ERR_NOMEM, "layer: cannot allocate %zu bytes of workspace",
-                  need);
-    }
+    MHA_TRY(mha_workspace_get(workspace, workspace_bytes, need, "layer", &r->ws, &r->owned));
     r->seq = *x;
     return MHA_OK;
 }
@@ -1080,7 +1063,7 @@ static mha_status stack_begin(const mha_tensor *x, const mha_tensor *memory, int
                               float **owned) {
     int64_t B, L, E, S;
     *owned = NULL;
-    MHA_TRY(check_options(opt));
+    MHA_TRY(mha_layer_check_options(opt));
     MHA_TRY(check_seq(x, memory ? "tgt" : "src", &B, &L, &E));
     S = L;
     if (memory) {
@@ -1092,17 +1075,7 @@ static mha_status stack_begin(const mha_tensor *x, const mha_tensor *memory, int
               "saved: %zu bytes, the stack needs %zu", saved_bytes,
               (size_t)p->total_saved * sizeof(float));
     size_t need = (size_t)p->total_ws * sizeof(float);
-    if (workspace) {
-        MHA_CHECK(workspace_bytes >= need, MHA_ERR_VALUE,
-                  "workspace: %zu bytes, the stack needs %zu", workspace_bytes, need);
-        MHA_CHECK((uintptr_t)workspace % sizeof(float) == 0, MHA_ERR_VALUE,
-                  "workspace: must be float-aligned");
-        *ws = workspace;
-    } else {
-        *ws = *owned = mha_malloc(need ? need : 1);
-        MHA_CHECK(*ws != NULL, MHA_ERR_NOMEM, "stack: cannot allocate %zu bytes of workspace", need);
-    }
-    return MHA_OK;
+    return mha_workspace_get(workspace, workspace_bytes, need, "stack", ws, owned);
 }
 
 static mha_status stack_forward_train(mha_tensor *out, void *saved, size_t saved_bytes,

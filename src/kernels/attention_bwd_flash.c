@@ -31,6 +31,7 @@
  * dead rows never reach a gradient.
  */
 #include "attention_bwd.h"
+#include "attention_bias.h"
 
 #include <math.h>
 #include <string.h>

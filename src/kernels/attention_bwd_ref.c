@@ -15,6 +15,7 @@
  * backward (attention_bwd_flash.c), so clarity over speed.
  */
 #include "attention_bwd.h"
+#include "attention_bias.h"
 
 #include <math.h>
 #include <string.h>

@@ -30,6 +30,7 @@
  * thread takes it, so the output is bit-identical for any thread count.
  */
 #include "attention_flash.h"
+#include "attention_bias.h"
 
 #include <math.h>
 #include <string.h>
@@ -197,8 +198,10 @@ static size_t ws_layout(const flash_plan *pl, float *base, flash_ws *w) {
     return off;
 }
 
-/* bias (rows, BC) of key block j0..j0+n for query rows i0..: mask + key
- * padding; returns false when every entry a row can see is -inf. */
+/* bias (rows, BC) of key block j0..j0+n for query rows i0..: the bias rule
+ * of attention_bias.h with the range hoisted out of the key loop (columns
+ * past the causal limit are not written); returns false when every entry a
+ * row can see is -inf. */
 static bool build_bias(const mha_attn_problem *p, bool ext, int64_t b, int64_t h, int64_t i0,
                        int64_t rows, int64_t j0, int64_t n, float *bias) {
     bool live = false;
@@ -208,47 +211,12 @@ static bool build_bias(const mha_attn_problem *p, bool ext, int64_t b, int64_t h
         if (p->causal != MHA_CAUSAL_NONE)
             lim = clamp64(i + mha_attn_offset(p, b) + 1 - j0, 0, n);
         float *br = bias + r * BC;
-        if (ext) { /* window, key lengths, ALiBi: mha_attn_bias's definition, hoisted */
-            const int64_t pos = i + mha_attn_offset(p, b), sb = mha_attn_kv_len(p, b);
-            int64_t lo = INT64_MIN, hi = p->kv_len.data ? sb - 1 : INT64_MAX;
-            if (p->window && p->window_left >= 0)
-                lo = pos - p->window_left;
-            if (p->window && p->window_right >= 0 && pos + p->window_right < hi)
-                hi = pos + p->window_right;
-            const float slope =
-                p->alibi.data ? ((const float *)p->alibi.data)[h * p->alibi.stride[0]] : 0.0f;
-            const int64_t centre = i + sb - p->L; /* ALiBi: -slope * |i + S_b - L - j| */
-            for (int64_t j = 0; j < lim; j++) {
-                const int64_t jj = j0 + j;
-                if (jj < lo || jj > hi) {
-                    br[j] = -INFINITY;
-                    continue;
-                }
-                float x = 0.0f;
-                if (p->alibi.data) {
-                    int64_t dist = centre - jj;
-                    x = -slope * (float)(dist < 0 ? -dist : dist);
-                }
-                int64_t idx[4] = {b, h, i, jj};
-                if (p->mask.data)
-                    x += mha_mask_value(&p->mask, mha_offset(&p->mask, idx), p->mask_polarity);
-                if (p->kpm.data)
-                    x += mha_mask_value(&p->kpm, mha_offset(&p->kpm, idx), p->kpm_polarity);
-                br[j] = x;
-                live |= x != -INFINITY;
-            }
-            continue;
-        }
+        int64_t lo = INT64_MIN, hi = INT64_MAX;
+        if (ext) /* window, key lengths (ALiBi needs no range) */
+            mha_attn_key_range(p, b, i, &lo, &hi);
         for (int64_t j = 0; j < lim; j++) {
-            float x = 0.0f;
-            if (p->mask.data) {
-                int64_t idx[4] = {b, h, i, j0 + j};
-                x += mha_mask_value(&p->mask, mha_offset(&p->mask, idx), p->mask_polarity);
-            }
-            if (p->kpm.data) {
-                int64_t idx[4] = {b, h, i, j0 + j};
-                x += mha_mask_value(&p->kpm, mha_offset(&p->kpm, idx), p->kpm_polarity);
-            }
+            const int64_t jj = j0 + j;
+            const float x = jj < lo || jj > hi ? -INFINITY : mha_attn_bias_terms(p, b, h, i, jj);
             br[j] = x;
             live |= x != -INFINITY;
         }
@@ -604,67 +572,12 @@ size_t mha_attn_flash_scratch_bound(int64_t B, int64_t Hkv, int64_t S, int64_t d
 
 /* ---- kernels and selection ------------------------------------------------ */
 
-static bool cpu_has_avx2_fma(void) {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return false;
-#endif
-}
-
-mha_kernel mha_attn_best_kernel(void) {
-    return cpu_has_avx2_fma() ? MHA_KERNEL_AVX2 : MHA_KERNEL_SCALAR;
-}
-
 mha_status mha_attn_fwd_f32_scalar(const mha_attn_problem *p) {
     return mha_attn_flash_run(p, &isa_scalar);
 }
 
 mha_status mha_attn_fwd_f32_avx2(const mha_attn_problem *p) {
-    MHA_CHECK(cpu_has_avx2_fma(), MHA_ERR_UNSUPPORTED,
+    MHA_CHECK(mha_cpu_has_avx2_fma(), MHA_ERR_UNSUPPORTED,
               "kernel: avx2 requested but this CPU lacks AVX2/FMA");
     return mha_attn_flash_run(p, &mha_flash_isa_avx2);
-}
-
-/* ---- machine peak (for benchmarks) ------------------------------------------ */
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Portable stand-in when AVX2 is absent: 8 independent multiply-add chains. */
-static double peak_loop_scalar(int64_t iters, double *flops) {
-    float acc[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-    for (int64_t i = 0; i < iters; i++)
-        for (int u = 0; u < 8; u++)
-            acc[u] = acc[u] * 0.999999f + 1e-6f;
-    *flops = 16.0 * (double)iters;
-    return (double)(acc[0] + acc[7]);
-}
-
-double mha_peak_gflops(int threads, double seconds) {
-    if (threads < 1)
-        threads = mha_threads();
-    if (!(seconds > 0.0))
-        seconds = 0.2;
-    const bool avx2 = cpu_has_avx2_fma();
-    const int64_t iters = avx2 ? 4000000 : 20000000;
-    double total = 0.0, t0 = now_seconds(), t1 = t0, sink = 0.0;
-    int rounds = 0;
-    do {
-        double flops_round = 0.0;
-#pragma omp parallel num_threads(threads) reduction(+ : flops_round, sink)
-        {
-            double f = 0.0;
-            sink += avx2 ? mha_fma_peak_loop_avx2(iters, &f) : peak_loop_scalar(iters, &f);
-            flops_round += f;
-        }
-        total += flops_round;
-        rounds++;
-        t1 = now_seconds();
-    } while (t1 - t0 < seconds || rounds < 2);
-    return sink == 12345.0 ? 0.0 : total / (t1 - t0) * 1e-9;
 }

@@ -10,6 +10,7 @@
  * kernel, so it favours clarity over speed.
  */
 #include "../internal.h"
+#include "attention_bias.h"
 
 #include <math.h>
 

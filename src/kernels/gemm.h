@@ -4,7 +4,7 @@
  * features.  Three paths compute the same product (rounding differs):
  *   blas      cblas_sgemm (OpenBLAS, when the build found it);
  *   avx2      mha's packed 6x16 AVX2+FMA kernel (gemm_avx2.c);
- *   portable  the blocked C loop in linear.c (always built, the reference).
+ *   portable  the blocked C loops in gemm_ref.c (always built, the reference).
  * mha_linear_f32 (internal.h) picks one: MHA_GEMM=blas|avx2|portable forces
  * a path; otherwise OpenBLAS unless its run-time core has no AVX2 kernels
  * (Debian's 0.3.21 calls unknown CPUs "Prescott" and runs SSE3 code) while
@@ -24,6 +24,9 @@ typedef enum {
 
 const char *mha_gemm_path_name(mha_gemm_path path);
 
+/* MHA_GEMM's choice, AUTO when unset, empty or unknown (runtime.c). */
+mha_gemm_path mha_runtime_gemm_env(void);
+
 /* The path a call with `requested` runs on this machine and build (never
  * AUTO): AUTO reads MHA_GEMM, then the CPU / OpenBLAS check; an unavailable
  * path (blas without CBLAS, avx2 without AVX2/FMA) falls back to the best
@@ -35,6 +38,13 @@ mha_gemm_path mha_gemm_resolve(mha_gemm_path requested);
 mha_gemm_path mha_linear_f32_path(mha_gemm_path requested, float *y, int64_t ldy, const float *x,
                                   int64_t ldx, const float *w, int64_t ldw, const float *bias,
                                   int64_t M, int64_t N, int64_t K, int accumulate);
+
+/* portable path (gemm_ref.c, the reference): y (M,N) += x (M,K) w^T and
+ * C (M,N) += op(A) B as below. */
+void mha_gemm_f32_ref(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                      int64_t ldw, int64_t M, int64_t N, int64_t K);
+void mha_gemm_f32_ab_ref(int trans_a, float *c, int64_t ldc, const float *a, int64_t lda,
+                         const float *b, int64_t ldb, int64_t M, int64_t N, int64_t K);
 
 /* avx2 path: y (M,N) += x (M,K) w^T, y already holds its initial value
  * (bias, zero or the caller's).  Only call after a CPU check. */
@@ -56,8 +66,5 @@ mha_gemm_path mha_gemm_f32_ab_path(mha_gemm_path requested, int trans_a, float *
  * packing of A and B differs).  Only call after a CPU check. */
 void mha_gemm_f32_ab_avx2(int trans_a, float *c, int64_t ldc, const float *a, int64_t lda,
                           const float *b, int64_t ldb, int64_t M, int64_t N, int64_t K);
-
-/* True when the CPU has AVX2 and FMA. */
-bool mha_cpu_has_avx2_fma(void);
 
 #endif /* MHA_KERNELS_GEMM_H */

@@ -96,7 +96,7 @@ expect 2 "--steps wants an integer" "$MHA" train --steps -3
 expect 2 "--task wants reverse or sort" "$MHA" train --task copy
 expect 2 "heads" "$MHA" train --steps 1 --heads 5 --out "$T/bad"
 expect 2 "--min-len 9 exceeds --max-len 4" "$MHA" train --min-len 9 --max-len 4
-expect 1 "model.safetensors" "$MHA" train --resume "$T/nowhere" --out "$T/x"
+expect 2 "model.safetensors" "$MHA" train --resume "$T/nowhere" --out "$T/x"
 
 echo "cli-train: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -1,0 +1,230 @@
+/* runtime.c - what a call runs on, in one place: the thread count, the one
+ * CPU-feature probe, the attention kernel and GEMM path selection (the
+ * MHA_KERNEL and MHA_GEMM environment choices, read and validated here) and
+ * the machine's measured peak for benchmarks.  Everything here sits above
+ * the kernels (src/kernels/ call only mha_threads from this file).
+ *
+ * MHA_KERNEL=auto|ref|scalar|avx2 overrides MHA_KERNEL_AUTO for attention;
+ * MHA_GEMM=auto|blas|avx2|portable forces the projections' GEMM path.
+ * Unset or empty means auto.  Any other value is an error: every call that
+ * would select a kernel or a GEMM path returns MHA_ERR_VALUE naming the
+ * variable and the valid values (mha_runtime_check), never a silent
+ * fallback.
+ */
+#include "internal.h"
+#include "kernels/attention_flash.h"
+#include "kernels/gemm.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#ifdef MHA_HAVE_CBLAS
+#include <cblas.h>
+#endif
+
+/* ---- threads ----------------------------------------------------------------- */
+
+static _Atomic int requested_threads;
+
+void mha_set_num_threads(int n) { requested_threads = n > 0 ? n : 0; }
+
+int mha_get_num_threads(void) { return mha_threads(); }
+
+int mha_threads(void) {
+    int n = requested_threads;
+#ifdef _OPENMP
+    if (n <= 0)
+        n = omp_get_max_threads();
+#endif
+    return n > 0 ? n : 1;
+}
+
+/* ---- the CPU ------------------------------------------------------------------ */
+
+/* The one CPU-feature probe: the fused attention kernels and the GEMM's avx2
+ * path need AVX2 and FMA. */
+bool mha_cpu_has_avx2_fma(void) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return false;
+#endif
+}
+
+
+/* ---- the environment's choices ---------------------------------------------------- */
+
+/* Index of env's value in names[0..n), 0 (auto) when unset or empty, -1
+ * when unknown. */
+static int env_choice(const char *var, const char *const *names, int n) {
+    const char *v = getenv(var);
+    if (!v || !*v)
+        return 0;
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, names[i]) == 0)
+            return i;
+    return -1;
+}
+
+/* Index = the enum value (AUTO first). */
+static const char *const kernel_names[] = {"auto", "ref", "scalar", "avx2"};
+static const char *const gemm_names[] = {"auto", "blas", "avx2", "portable"};
+
+mha_kernel mha_runtime_kernel_env(void) {
+    int i = env_choice("MHA_KERNEL", kernel_names, 4);
+    return i > 0 ? (mha_kernel)i : MHA_KERNEL_AUTO;
+}
+
+mha_gemm_path mha_runtime_gemm_env(void) {
+    int i = env_choice("MHA_GEMM", gemm_names, 4);
+    return i > 0 ? (mha_gemm_path)i : MHA_GEMM_AUTO;
+}
+
+/* ---- attention kernels ------------------------------------------------------------ */
+
+const char *mha_kernel_name(mha_kernel kernel) {
+    switch (kernel) {
+    case MHA_KERNEL_AUTO: return "auto";
+    case MHA_KERNEL_REF: return "ref";
+    case MHA_KERNEL_SCALAR: return "scalar";
+    case MHA_KERNEL_AVX2: return "avx2";
+    }
+    return "unknown";
+}
+
+mha_kernel mha_kernel_resolve(mha_kernel requested) {
+    if (requested != MHA_KERNEL_AUTO)
+        return requested;
+    mha_kernel env = mha_runtime_kernel_env();
+    return env != MHA_KERNEL_AUTO ? env : mha_attn_best_kernel();
+}
+
+mha_kernel mha_attn_best_kernel(void) {
+    return mha_cpu_has_avx2_fma() ? MHA_KERNEL_AVX2 : MHA_KERNEL_SCALAR;
+}
+
+/* ---- GEMM paths -------------------------------------------------------------------- */
+
+const char *mha_gemm_path_name(mha_gemm_path path) {
+    switch (path) {
+    case MHA_GEMM_AUTO: return "auto";
+    case MHA_GEMM_BLAS: return "blas";
+    case MHA_GEMM_AVX2: return "avx2";
+    case MHA_GEMM_PORTABLE: return "portable";
+    }
+    return "unknown";
+}
+
+#ifdef MHA_HAVE_CBLAS
+/* True when OpenBLAS's run-time core has AVX2 sgemm kernels.  OpenBLAS
+ * 0.3.21 (Debian 12) does not know newer CPUs (e.g. Xeon family 6 model
+ * 207) and falls back to "Prescott" (SSE3), 3-4x slower than its Haswell
+ * kernel on the same machine; the names below are its cores without AVX2
+ * (driver/others/dynamic.c's corename table). */
+static bool blas_core_has_avx2(void) {
+    static const char *const pre_avx2[] = {
+        "unknown",  "katmai",    "coppermine", "northwood", "prescott",     "banias",
+        "atom",     "core2",     "penryn",     "dunnington", "nehalem",     "athlon",
+        "opteron",  "opteron_sse3", "barcelona", "nano",     "sandybridge", "bobcat",
+        "bulldozer", "piledriver", "steamroller"};
+    const char *core = openblas_get_corename();
+    if (!core)
+        return false;
+    for (size_t i = 0; i < sizeof pre_avx2 / sizeof pre_avx2[0]; i++)
+        if (strcasecmp(core, pre_avx2[i]) == 0)
+            return false;
+    return true;
+}
+#endif
+
+/* The automatic choice, computed once (idempotent, so a race is harmless). */
+static mha_gemm_path gemm_best(void) {
+    static _Atomic int best; /* 0: not yet computed */
+    int b = best;
+    if (b)
+        return (mha_gemm_path)b;
+    bool avx2 = mha_cpu_has_avx2_fma();
+#ifdef MHA_HAVE_CBLAS
+    b = (avx2 && !blas_core_has_avx2()) ? MHA_GEMM_AVX2 : MHA_GEMM_BLAS;
+#else
+    b = avx2 ? MHA_GEMM_AVX2 : MHA_GEMM_PORTABLE;
+#endif
+    best = b;
+    return (mha_gemm_path)b;
+}
+
+mha_gemm_path mha_gemm_resolve(mha_gemm_path requested) {
+    if (requested == MHA_GEMM_AUTO) {
+        requested = mha_runtime_gemm_env();
+        if (requested == MHA_GEMM_AUTO)
+            return gemm_best();
+    }
+#ifndef MHA_HAVE_CBLAS
+    if (requested == MHA_GEMM_BLAS)
+        return gemm_best();
+#endif
+    if (requested == MHA_GEMM_AVX2 && !mha_cpu_has_avx2_fma())
+        return gemm_best();
+    return requested;
+}
+
+/* ---- the environment, checked --------------------------------------------------- */
+
+mha_status mha_runtime_check(void) {
+    MHA_CHECK(env_choice("MHA_KERNEL", kernel_names, 4) >= 0, MHA_ERR_VALUE,
+              "MHA_KERNEL=%s: unknown kernel (valid: auto, ref, scalar, avx2)",
+              getenv("MHA_KERNEL"));
+    MHA_CHECK(env_choice("MHA_GEMM", gemm_names, 4) >= 0, MHA_ERR_VALUE,
+              "MHA_GEMM=%s: unknown GEMM path (valid: auto, blas, avx2, portable)",
+              getenv("MHA_GEMM"));
+    return MHA_OK;
+}
+
+/* ---- machine peak (for benchmarks) ------------------------------------------ */
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Portable stand-in when AVX2 is absent: 8 independent multiply-add chains. */
+static double peak_loop_scalar(int64_t iters, double *flops) {
+    float acc[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    for (int64_t i = 0; i < iters; i++)
+        for (int u = 0; u < 8; u++)
+            acc[u] = acc[u] * 0.999999f + 1e-6f;
+    *flops = 16.0 * (double)iters;
+    return (double)(acc[0] + acc[7]);
+}
+
+double mha_peak_gflops(int threads, double seconds) {
+    if (threads < 1)
+        threads = mha_threads();
+    if (!(seconds > 0.0))
+        seconds = 0.2;
+    const bool avx2 = mha_cpu_has_avx2_fma();
+    const int64_t iters = avx2 ? 4000000 : 20000000;
+    double total = 0.0, t0 = now_seconds(), t1 = t0, sink = 0.0;
+    int rounds = 0;
+    do {
+        double flops_round = 0.0;
+#pragma omp parallel num_threads(threads) reduction(+ : flops_round, sink)
+        {
+            double f = 0.0;
+            sink += avx2 ? mha_fma_peak_loop_avx2(iters, &f) : peak_loop_scalar(iters, &f);
+            flops_round += f;
+        }
+        total += flops_round;
+        rounds++;
+        t1 = now_seconds();
+    } while (t1 - t0 < seconds || rounds < 2);
+    return sink == 12345.0 ? 0.0 : total / (t1 - t0) * 1e-9;
+}

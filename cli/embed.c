@@ -91,13 +91,10 @@ typedef struct embed_args {
 } embed_args;
 
 static int parse_count(const char *cmd, const char *opt, const char *v, int64_t *out) {
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    if (end == v || *end || x < 1 || x > (1 << 20)) {
+    if (!cli_parse_i64(v, 1, 1 << 20, out)) {
         fprintf(stderr, "mha %s: %s %s: want an integer in 1..%d\n", cmd, opt, v, 1 << 20);
         return CLI_BAD_INPUT;
     }
-    *out = x;
     return CLI_OK;
 }
 

@@ -92,10 +92,8 @@ int cli_tokenize(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--model") && i + 1 < argc) {
             model = argv[++i];
         } else if (!strcmp(argv[i], "--max-length") && i + 1 < argc) {
-            char *end;
-            errno = 0;
-            long long v = strtoll(argv[++i], &end, 10);
-            if (errno || end == argv[i] || *end || v < 0) {
+            int64_t v;
+            if (!cli_parse_i64(argv[++i], 0, INT64_MAX, &v)) {
                 fprintf(stderr, "mha tokenize: --max-length: '%s' is not an integer >= 0\n",
                         argv[i]);
                 return CLI_BAD_INPUT;

@@ -482,12 +482,10 @@ static void flag_text(const run_flag *f, char *buf, size_t n) {
 
 /* Sets the flag from stored text; -1 when the text is not a value of it. */
 static int flag_set(const run_flag *f, const char *text) {
-    char *end;
     if (f->i) {
-        long long x = strtoll(text, &end, 10);
-        *f->i = x;
+        return cli_parse_i64(text, INT64_MIN, INT64_MAX, f->i) ? 0 : -1;
     } else if (f->d) {
-        *f->d = strtod(text, &end);
+        return cli_parse_f64(text, f->d) ? 0 : -1;
     } else {
         const char *no = f->names ? f->names[0] : "0", *yes = f->names ? f->names[1] : "1";
         if (strcmp(text, no) && strcmp(text, yes))
@@ -495,7 +493,6 @@ static int flag_set(const run_flag *f, const char *text) {
         *f->b = !strcmp(text, yes);
         return 0;
     }
-    return *text && !*end ? 0 : -1;
 }
 
 static void flag_key(const run_flag *f, char *buf, size_t n) {
@@ -509,8 +506,8 @@ static void flag_key(const run_flag *f, char *buf, size_t n) {
 static int merge_stored_flags(const char *path, run_flag *flags, int n, uint64_t *run_id) {
     mha_safetensors *st;
     mha_status status = mha_safetensors_open(path, &st);
-    if (status != MHA_OK)
-        return cli_fail("train", status, path);
+    if (status != MHA_OK) /* a missing or unreadable checkpoint is bad input (2) */
+        return cli_input_fail("train", "--resume", status);
     const char *run = mha_safetensors_metadata(st, "run_id");
     if (run)
         *run_id = strtoull(run, NULL, 16);

@@ -45,9 +45,8 @@ int cli_viz_model(int argc, char **argv) {
         else if (!strcmp(o, "--png"))
             png = v;
         else if (!strcmp(o, "--layer")) {
-            char *end;
-            long long x = strtoll(v, &end, 10);
-            if (end == v || *end || x < 0 || x > 4096) {
+            int64_t x;
+            if (!cli_parse_i64(v, 0, 4096, &x)) {
                 fprintf(stderr, "mha %s: --layer %s: want an integer >= 0\n", cmd, v);
                 return CLI_BAD_INPUT;
             }

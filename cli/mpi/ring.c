@@ -41,9 +41,8 @@ static void usage(FILE *f) {
 }
 
 static int parse_count(const char *flag, const char *v, int64_t lo, int64_t *out) {
-    char *end = NULL;
-    long long x = v ? strtoll(v, &end, 10) : 0;
-    if (!v || end == v || *end || x < lo || x > ((int64_t)1 << 40)) {
+    int64_t x;
+    if (!cli_parse_i64(v, lo, (int64_t)1 << 40, &x)) {
         if (rank == 0)
             fprintf(stderr, "mha ring: %s: want an integer >= %lld, got '%s'\n", flag,
                     (long long)lo, v ? v : "");

@@ -100,8 +100,41 @@ $(SHARED): $(LIB_OBJ)
 $(CLI): $(CLI_OBJ) $(STATIC)
 	$(CC) -o $@ $(CLI_OBJ) $(STATIC) $(LDSAN) $(LDLIBS_)
 
-$(TESTS): $(TEST_OBJ) $(STATIC)
-	$(CC) -o $@ $(TEST_OBJ) $(STATIC) $(LDSAN) $(LDLIBS_)
+# ---- test build: the library once more with its test hooks -------------------
+# The released libmha.a, libmha.so and mha have no hook (no mha_test_*
+# symbol, MHA_TEST_FAIL_ALLOC ignored).  `make test` compiles the library a
+# second time with -DMHA_TEST_HOOKS into $(BUILD)/test/ (docs/errors.md
+# "Test hooks"): libmha-test.a, linked into the unit suite and a test copy of
+# the CLI, $(BUILD)/test/mha, that the CLI tests use for fault injection.
+# The coverage build (COV=1) is a test build throughout: its one copy of the
+# library has the hooks.
+TEST_BUILD    := $(BUILD)/test
+TEST_STATIC   := $(TEST_BUILD)/libmha-test.a
+TEST_CLI      := $(TEST_BUILD)/mha
+ifeq ($(COV),1)
+  TEST_LIB_OBJ := $(LIB_OBJ)
+  $(BUILD)/src/%.o: CFLAGS_ += -DMHA_TEST_HOOKS
+else
+  TEST_LIB_OBJ := $(LIB_SRC:%.c=$(TEST_BUILD)/%.o)
+endif
+
+$(TEST_BUILD)/src/kernels/%_avx2.o: CFLAGS_ += -mavx2 -mfma
+$(TEST_BUILD)/src/%.o: CFLAGS_ += -fvisibility=hidden -DMHA_BUILDING_LIBRARY -DMHA_TEST_HOOKS
+$(BUILD)/tests/unit/%.o: CFLAGS_ += -DMHA_TEST_HOOKS
+
+$(TEST_BUILD)/%.o: %.c $(wildcard include/*.h src/*.h src/*/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_) -c $< -o $@
+
+$(TEST_STATIC): $(TEST_LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(TEST_CLI): $(CLI_OBJ) $(TEST_STATIC)
+	$(CC) -o $@ $(CLI_OBJ) $(TEST_STATIC) $(LDSAN) $(LDLIBS_)
+
+$(TESTS): $(TEST_OBJ) $(TEST_STATIC)
+	$(CC) -o $@ $(TEST_OBJ) $(TEST_STATIC) $(LDSAN) $(LDLIBS_)
 
 # ---- file-format test tools: npycmp (CLI tests) and the fuzz targets ------------
 # `make fuzz-replay` replays the corpus through plain builds of the targets
@@ -161,9 +194,9 @@ fuzz-cli-args:
 .PHONY: coverage
 coverage: deps
 	rm -rf build-cov/coverage && find build-cov -name '*.gcda' -delete 2>/dev/null; true
-	@$(MAKE) --no-print-directory COV=1 lib cli build-cov/mha-tests \
+	@$(MAKE) --no-print-directory COV=1 lib cli build-cov/mha-tests build-cov/test/mha \
 	    $(patsubst $(BUILD)/%,build-cov/%,$(IO_TOOLS))
-	-@MHA_BUILD=build-cov CC="$(CC)" sh tests/run.sh | tail -n 3
+	-@MHA_BUILD=build-cov MHA_COVERAGE=1 CC="$(CC)" sh tests/run.sh | tail -n 3
 	@mkdir -p build-cov/coverage
 	gcovr -r . --object-directory build-cov --filter 'src/' --filter 'cli/' \
 	    --exclude-unreachable-branches -s --txt build-cov/coverage/summary.txt \
@@ -186,7 +219,7 @@ demo: deps
 	$(CLI) demo
 
 test: deps
-	@$(MAKE) --no-print-directory lib cli $(TESTS) $(IO_TOOLS)
+	@$(MAKE) --no-print-directory lib cli $(TESTS) $(TEST_CLI) $(IO_TOOLS)
 	@MHA_BUILD=$(BUILD) CC="$(CC)" sh tests/run.sh
 
 install: lib cli

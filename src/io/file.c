@@ -1,5 +1,5 @@
 /* file.c - the library's one I/O layer: positional exact reads, mapping,
- * buffered writes, and the fault injection hook the tests use. */
+ * buffered writes, and the fault injection hook of test builds. */
 #include "io.h"
 
 #include <errno.h>
@@ -11,8 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* ---- fault injection (tests only) ------------------------------------------ */
+/* ---- fault injection (test builds only: -DMHA_TEST_HOOKS) ------------------- */
 
+#ifdef MHA_TEST_HOOKS
 static _Atomic int64_t io_count;    /* read/map/write operations so far       */
 static _Atomic int64_t io_fail_at;  /* operation that faults (0: none)        */
 static _Atomic int io_persistent;
@@ -34,6 +35,9 @@ static int injected_fault(void) {
         return -1;
     return atomic_load(&io_fault);
 }
+#else  /* release build: no hook */
+static inline int injected_fault(void) { return -1; }
+#endif
 
 /* ---- reading ----------------------------------------------------------------- */
 

@@ -68,8 +68,10 @@ typedef enum mha_io_fault {
  * from now on (k >= 1), and into every later one when persistent; k = 0
  * disables.  Writes fail too when k counts them (mha_wfile_write).
  * Returns nothing; mha_test_io_count() gives the operations so far. */
+#ifdef MHA_TEST_HOOKS /* test builds only (docs/errors.md "Test hooks") */
 MHA_API void mha_test_fail_io(int64_t k, int persistent, mha_io_fault fault);
 MHA_API int64_t mha_test_io_count(void);
+#endif
 
 /* ---- conversions shared by the readers and writers ----------------------- */
 

@@ -30,6 +30,7 @@
  * thread takes it, so the output is bit-identical for any thread count.
  */
 #include "attention_flash.h"
+#include "../private_api.h"
 
 #include <math.h>
 #include <string.h>

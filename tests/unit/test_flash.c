@@ -7,6 +7,7 @@
  * output and, when requested, the attention weights.
  */
 #include "test.h"
+#include "private_api.h"
 
 #include <fenv.h>
 #if defined(__x86_64__) || defined(__i386__)

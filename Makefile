@@ -4,10 +4,13 @@
 #   make test     build and run every test
 #   make SAN=1 test   the same under AddressSanitizer + UBSan
 #   make install PREFIX=/usr/local
+#   make deps     install (as root) and report the optional libraries
+#   make bench    build the benchmarks of bench/*.c
+#   make fixtures regenerate every committed fixture (tests/fixtures/README.md)
 #
 # Optional dependencies are detected: OpenMP (threads), OpenBLAS's CBLAS
-# (projections), libcjson (safetensors headers), libpng (viz).  Each has a
-# built-in fallback or a clear "unsupported" error.
+# (projections), libpng (viz, train plots), libcjson (tokenizer.json, to
+# come).  Each has a built-in fallback or a clear "unsupported" error.
 
 CC      ?= cc
 PREFIX  ?= /usr/local
@@ -32,8 +35,12 @@ else
 endif
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
-CFLAGS_ := -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -fPIC -Iinclude $(CFLAGS)
-LDLIBS_ := -lm
+# -MMD -MP: each object depends on the headers it includes ($(BUILD)/**/*.d).
+CFLAGS_ := -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -fPIC -MMD -MP -Iinclude $(CFLAGS)
+# Link flags: LIB_LDLIBS is what libmha itself needs (and what mha.pc names);
+# CLI_LDLIBS adds what only the CLI uses (libpng).
+LIB_LDLIBS := -lm
+CLI_LDLIBS  =  $(LIB_LDLIBS)
 
 # ---- optional dependencies (probed once per make run) -------------------------
 HASH := \#
@@ -42,22 +49,24 @@ probe = $(shell printf '$(2)\nint main(void){return 0;}\n' | $(CC) -x c - -o /de
 HAVE_OPENMP := $(call probe,-fopenmp,)
 ifeq ($(HAVE_OPENMP),yes)
   CFLAGS_ += -fopenmp
-  LDLIBS_ += -fopenmp
+  LIB_LDLIBS += -fopenmp
 endif
 HAVE_CBLAS := $(call probe,-lopenblas,$(HASH)include <cblas.h>)
 ifeq ($(HAVE_CBLAS),yes)
   CFLAGS_ += -DMHA_HAVE_CBLAS
-  LDLIBS_ += -lopenblas
+  LIB_LDLIBS += -lopenblas
 endif
+# libcjson: probed and defined, linked into nothing yet; the code that uses it
+# (tokenizer.json, issue 15) adds $(CJSON_LDLIBS) to LIB_LDLIBS or CLI_LDLIBS.
 HAVE_CJSON := $(call probe,-lcjson,$(HASH)include <cjson/cJSON.h>)
 ifeq ($(HAVE_CJSON),yes)
   CFLAGS_ += -DMHA_HAVE_CJSON
-  LDLIBS_ += -lcjson
+  CJSON_LDLIBS := -lcjson
 endif
 HAVE_PNG := $(call probe,-lpng,$(HASH)include <png.h>)
 ifeq ($(HAVE_PNG),yes)
   CFLAGS_ += -DMHA_HAVE_PNG
-  LDLIBS_ += -lpng
+  CLI_LDLIBS += -lpng
 endif
 
 # ---- sources -------------------------------------------------------------------
@@ -84,7 +93,7 @@ $(BUILD)/src/kernels/%_avx2.o: CFLAGS_ += -mavx2 -mfma
 $(BUILD)/src/%.o: CFLAGS_ += -fvisibility=hidden -DMHA_BUILDING_LIBRARY
 $(BUILD)/tests/%.o: CFLAGS_ += -Icli -Isrc
 
-$(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h src/*/*.h tests/unit/*.h cli/*.h)
+$(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_) -c $< -o $@
 
@@ -93,12 +102,12 @@ $(STATIC): $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
 $(SHARED): $(LIB_OBJ)
-	$(CC) -shared -Wl,-soname,libmha.so.$(SOMAJOR) -o $@ $^ $(LDSAN) $(LDLIBS_)
+	$(CC) -shared -Wl,-soname,libmha.so.$(SOMAJOR) -o $@ $^ $(LDSAN) $(LIB_LDLIBS)
 	ln -sf libmha.so.$(VERSION) $(BUILD)/libmha.so.$(SOMAJOR)
 	ln -sf libmha.so.$(SOMAJOR) $(BUILD)/libmha.so
 
 $(CLI): $(CLI_OBJ) $(STATIC)
-	$(CC) -o $@ $(CLI_OBJ) $(STATIC) $(LDSAN) $(LDLIBS_)
+	$(CC) -o $@ $(CLI_OBJ) $(STATIC) $(LDSAN) $(CLI_LDLIBS)
 
 # ---- test build: the library once more with its test hooks -------------------
 # The released libmha.a, libmha.so and mha have no hook (no mha_test_*
@@ -122,7 +131,7 @@ $(TEST_BUILD)/src/kernels/%_avx2.o: CFLAGS_ += -mavx2 -mfma
 $(TEST_BUILD)/src/%.o: CFLAGS_ += -fvisibility=hidden -DMHA_BUILDING_LIBRARY -DMHA_TEST_HOOKS
 $(BUILD)/tests/unit/%.o: CFLAGS_ += -DMHA_TEST_HOOKS
 
-$(TEST_BUILD)/%.o: %.c $(wildcard include/*.h src/*.h src/*/*.h)
+$(TEST_BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_) -c $< -o $@
 
@@ -131,10 +140,10 @@ $(TEST_STATIC): $(TEST_LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
 $(TEST_CLI): $(CLI_OBJ) $(TEST_STATIC)
-	$(CC) -o $@ $(CLI_OBJ) $(TEST_STATIC) $(LDSAN) $(LDLIBS_)
+	$(CC) -o $@ $(CLI_OBJ) $(TEST_STATIC) $(LDSAN) $(CLI_LDLIBS)
 
 $(TESTS): $(TEST_OBJ) $(TEST_STATIC)
-	$(CC) -o $@ $(TEST_OBJ) $(TEST_STATIC) $(LDSAN) $(LDLIBS_)
+	$(CC) -o $@ $(TEST_OBJ) $(TEST_STATIC) $(LDSAN) $(CLI_LDLIBS)
 
 # ---- file-format test tools: npycmp (CLI tests) and the fuzz targets ------------
 # `make fuzz-replay` replays the corpus through plain builds of the targets
@@ -145,9 +154,9 @@ FUZZ_SECONDS ?= 60
 FUZZ_LIB_SRC := src/alloc.c src/status.c src/tensor.c $(wildcard src/io/*.c)
 
 $(BUILD)/npycmp: $(BUILD)/tests/tools/npycmp.o $(STATIC)
-	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LDLIBS_)
+	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LIB_LDLIBS)
 $(BUILD)/fuzz_%: $(BUILD)/tests/fuzz/fuzz_%.o $(STATIC)
-	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LDLIBS_)
+	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LIB_LDLIBS)
 
 .PHONY: fuzz-replay fuzz
 fuzz-replay: $(BUILD)/fuzz_npy $(BUILD)/fuzz_safetensors
@@ -168,12 +177,12 @@ fuzz:
 # the real dispatcher: cli/main.c is built once more with main renamed.
 # `make fuzz-cli-args` runs it under libFuzzer (clang, ASan+UBSan).
 CLI_NOMAIN_OBJ := $(filter-out $(BUILD)/cli/main.o,$(CLI_OBJ))
-$(BUILD)/tests/fuzz/cli_main.o: cli/main.c $(wildcard include/*.h cli/*.h)
+$(BUILD)/tests/fuzz/cli_main.o: cli/main.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_) -Dmain=mha_cli_main -c $< -o $@
 $(BUILD)/fuzz_cli_args: $(BUILD)/tests/fuzz/fuzz_cli_args.o $(BUILD)/tests/fuzz/cli_main.o \
                         $(CLI_NOMAIN_OBJ) $(STATIC)
-	$(CC) -o $@ $^ $(LDSAN) $(LDFUZZ) $(LDLIBS_)
+	$(CC) -o $@ $^ $(LDSAN) $(LDFUZZ) $(CLI_LDLIBS)
 IO_TOOLS += $(BUILD)/fuzz_cli_args
 
 .PHONY: fuzz-cli-args
@@ -207,12 +216,25 @@ coverage: deps
 # counts of fixed workloads under callgrind against tests/perf_guard.txt.
 .PHONY: perf-guard
 $(BUILD)/perf_driver: $(BUILD)/tests/tools/perf_driver.o $(STATIC)
-	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LDLIBS_)
+	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LIB_LDLIBS)
 perf-guard: $(BUILD)/perf_driver
 	@MHA_BUILD=$(BUILD) sh tests/perf_guard.sh
 
+# `make deps`: installs the optional libraries (as root, tools/deps.sh), then
+# one line per library, probed afresh: found or missing, and what is lost
+# without it.
+COMMA := ,
+dep_state = $(if $(1),found,missing)
+dep_line  = @printf 'deps: %-8s %-15s without it: %s\n' '$(1)' '$(call dep_state,$(2),$(3))' "$(4)"
+.PHONY: deps-report
 deps:
 	@sh tools/deps.sh
+	@$(MAKE) --no-print-directory deps-report
+deps-report:
+	$(call dep_line,OpenMP,$(HAVE_OPENMP),NO_OPENMP,every call runs on one thread (mha_set_num_threads has no effect))
+	$(call dep_line,OpenBLAS,$(HAVE_CBLAS),NO_CBLAS,projections use mha's AVX2/portable GEMM (MHA_GEMM=blas falls back))
+	$(call dep_line,libpng,$(HAVE_PNG),NO_PNG,no PNG output (mha viz --png$(COMMA) train's loss.png); SVG still written)
+	$(call dep_line,libcjson,$(HAVE_CJSON),NO_CJSON,nothing yet (probed for the tokenizer.json reader; linked into nothing))
 
 demo: deps
 	@$(MAKE) --no-print-directory cli
@@ -231,10 +253,22 @@ install: lib cli
 	ln -sf libmha.so.$(SOMAJOR) $(DESTDIR)$(PREFIX)/lib/libmha.so
 	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' \
-	    -e 's|@LIBS@|$(LDLIBS_)|' tools/mha.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/mha.pc
+	    -e 's|@LIBS@|$(LIB_LDLIBS)|' tools/mha.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/mha.pc
 
+# ---- benchmarks: bench/*.c, each a program $(BUILD)/<name> linked to libmha.a
+BENCH_SRC := $(wildcard bench/*.c)
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/%)
+$(BUILD)/bench/%.o: CFLAGS_ += -Isrc
+$(BENCH_BIN): $(BUILD)/%: $(BUILD)/bench/%.o $(STATIC)
+	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LIB_LDLIBS)
+bench: $(BENCH_BIN)
+
+# every generator of the committed fixtures, with what each needs
 fixtures:
-	/usr/bin/python3 tests/fixtures/gen_fixtures.py
+	@sh tools/fixtures.sh
 
+# every build folder: build, build-san, build-cov, build-fuzz, BUILD=build-*
 clean:
-	rm -rf build build-san build-cov
+	rm -rf build build-*
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

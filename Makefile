@@ -10,26 +10,34 @@
 #
 # Optional dependencies are detected: OpenMP (threads), OpenBLAS's CBLAS
 # (projections), libpng (viz, train plots), libcjson (tokenizer.json, to
-# come).  Each has a built-in fallback or a clear "unsupported" error.
+# come).  Each has a built-in fallback or a clear "unsupported" error; each
+# can be switched off: NO_OPENMP=1 NO_CBLAS=1 NO_PNG=1 NO_CJSON=1 (the build
+# folder then gets a suffix of its own, e.g. build-no-openmp-cblas-png-cjson).
 
 CC      ?= cc
 PREFIX  ?= /usr/local
 SAN     ?=
 COV     ?=
 
+# optional libraries switched off (NO_<LIB>=1) -> the build folder's suffix
+OFF_LIBS := $(strip $(if $(filter 1,$(NO_OPENMP)),openmp) $(if $(filter 1,$(NO_CBLAS)),cblas) \
+              $(if $(filter 1,$(NO_PNG)),png) $(if $(filter 1,$(NO_CJSON)),cjson))
+EMPTY :=
+OFF_SUFFIX := $(if $(OFF_LIBS),-no-$(subst $(EMPTY) $(EMPTY),-,$(OFF_LIBS)))
+
 VERSION := $(shell sed -n 's/^\#define MHA_VERSION_STRING "\(.*\)"/\1/p' include/mha.h)
 SOMAJOR := $(firstword $(subst ., ,$(VERSION)))
 
 ifeq ($(SAN),1)
-  BUILD ?= build-san
+  BUILD ?= build-san$(OFF_SUFFIX)
   OPT   := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
   LDSAN := -fsanitize=address,undefined
 else ifeq ($(COV),1)
-  BUILD ?= build-cov
+  BUILD ?= build-cov$(OFF_SUFFIX)
   OPT   := -O0 -g --coverage
   LDSAN := --coverage
 else
-  BUILD ?= build
+  BUILD ?= build$(OFF_SUFFIX)
   OPT   := -O2 -g
   LDSAN :=
 endif
@@ -46,24 +54,26 @@ CLI_LDLIBS  =  $(LIB_LDLIBS)
 HASH := \#
 probe = $(shell printf '$(2)\nint main(void){return 0;}\n' | $(CC) -x c - -o /dev/null $(1) 2>/dev/null && echo yes)
 
-HAVE_OPENMP := $(call probe,-fopenmp,)
+HAVE_OPENMP := $(if $(filter 1,$(NO_OPENMP)),,$(call probe,-fopenmp,))
 ifeq ($(HAVE_OPENMP),yes)
   CFLAGS_ += -fopenmp
   LIB_LDLIBS += -fopenmp
+else
+  CFLAGS_ += -Wno-unknown-pragmas
 endif
-HAVE_CBLAS := $(call probe,-lopenblas,$(HASH)include <cblas.h>)
+HAVE_CBLAS := $(if $(filter 1,$(NO_CBLAS)),,$(call probe,-lopenblas,$(HASH)include <cblas.h>))
 ifeq ($(HAVE_CBLAS),yes)
   CFLAGS_ += -DMHA_HAVE_CBLAS
   LIB_LDLIBS += -lopenblas
 endif
 # libcjson: probed and defined, linked into nothing yet; the code that uses it
 # (tokenizer.json, issue 15) adds $(CJSON_LDLIBS) to LIB_LDLIBS or CLI_LDLIBS.
-HAVE_CJSON := $(call probe,-lcjson,$(HASH)include <cjson/cJSON.h>)
+HAVE_CJSON := $(if $(filter 1,$(NO_CJSON)),,$(call probe,-lcjson,$(HASH)include <cjson/cJSON.h>))
 ifeq ($(HAVE_CJSON),yes)
   CFLAGS_ += -DMHA_HAVE_CJSON
   CJSON_LDLIBS := -lcjson
 endif
-HAVE_PNG := $(call probe,-lpng,$(HASH)include <png.h>)
+HAVE_PNG := $(if $(filter 1,$(NO_PNG)),,$(call probe,-lpng,$(HASH)include <png.h>))
 ifeq ($(HAVE_PNG),yes)
   CFLAGS_ += -DMHA_HAVE_PNG
   CLI_LDLIBS += -lpng
@@ -224,8 +234,8 @@ perf-guard: $(BUILD)/perf_driver
 # one line per library, probed afresh: found or missing, and what is lost
 # without it.
 COMMA := ,
-dep_state = $(if $(1),found,missing)
-dep_line  = @printf 'deps: %-8s %-15s without it: %s\n' '$(1)' '$(call dep_state,$(2),$(3))' "$(4)"
+dep_state = $(if $(filter 1,$($(2))),off ($(2)=1),$(if $(1),found,missing))
+dep_line  = @printf 'deps: %-8s %-18s without it: %s\n' '$(1)' '$(call dep_state,$(2),$(3))' "$(4)"
 .PHONY: deps-report
 deps:
 	@sh tools/deps.sh

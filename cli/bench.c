@@ -17,6 +17,7 @@
  * a window of query rows, against the reference backward of that window.
  */
 #include "cli.h"
+#include "../src/private_api.h" /* mha_peak_gflops: not in the ABI */
 
 #include <math.h>
 #include <stdbool.h>

@@ -152,12 +152,6 @@ typedef enum mha_kernel {
     MHA_KERNEL_AVX2 = 3    /* fused tiled online-softmax, AVX2 + FMA       */
 } mha_kernel;
 
-/* Measured fp32 multiply-add throughput of this machine in GFLOP/s: an
- * FMA-bound loop (AVX2+FMA when the CPU has it) on `threads` threads
- * (0 = the mha_set_num_threads count) for about `seconds` (0 = 0.2 s).
- * For benchmarks: "100 % of peak". */
-MHA_API double mha_peak_gflops(int threads, double seconds);
-
 /* Name of a kernel ("ref", "scalar", "avx2"); "auto" for AUTO. */
 MHA_API const char *mha_kernel_name(mha_kernel kernel);
 /* The kernel AUTO resolves to on this CPU and environment. */

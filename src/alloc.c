@@ -1,4 +1,5 @@
-/* alloc.c - the library's allocator, with failure injection for tests. */
+/* alloc.c - the library's allocator, with failure injection in test builds
+ * (-DMHA_TEST_HOOKS, docs/errors.md "Test hooks"). */
 #include "internal.h"
 
 #include <stdatomic.h>
@@ -7,6 +8,7 @@
 
 #define MHA_ALIGN 64
 
+#ifdef MHA_TEST_HOOKS
 static _Atomic int64_t alloc_count;  /* allocations attempted so far      */
 static _Atomic int64_t fail_at;      /* fail when count reaches this (0: never) */
 static _Atomic int fail_persistent;
@@ -51,6 +53,11 @@ static bool injected_failure(void) {
         return false;
     return n == at || (atomic_load(&fail_persistent) && n > at);
 }
+#define COUNT_LIVE(delta) atomic_fetch_add(&live_count, (delta))
+#else  /* release build: no hook, no counters */
+static inline bool injected_failure(void) { return false; }
+#define COUNT_LIVE(delta) ((void)0)
+#endif
 
 void *mha_malloc(size_t bytes) {
     if (injected_failure())
@@ -62,7 +69,7 @@ void *mha_malloc(size_t bytes) {
         return NULL;     /* GCOVR_EXCL_LINE */
     void *p = aligned_alloc(MHA_ALIGN, rounded);
     if (p)
-        atomic_fetch_add(&live_count, 1);
+        COUNT_LIVE(1);
     return p;
 }
 
@@ -78,7 +85,7 @@ void *mha_calloc(size_t count, size_t size) {
 
 void mha_free(void *p) {
     if (p)
-        atomic_fetch_sub(&live_count, 1);
+        COUNT_LIVE(-1);
     free(p);
 }
 

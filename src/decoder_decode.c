@@ -14,7 +14,7 @@
  * cache; mha_attention_decode; out_proj.  CA: q projection, attention over
  * the memory K/V (B,H,S,d) views of the precomputed (B,S,E) projections,
  * out_proj.  The result equals the last row of mha_decoder_forward with a
- * causal target mask over the whole sequence (tests/unit/test_modern.c).
+ * causal target mask over the whole sequence (tests/unit/test_decode.c).
  */
 #include "internal.h"
 #include "layers.h"

@@ -56,14 +56,15 @@ mha_status mha_workspace_get(void *workspace, size_t workspace_bytes, size_t nee
                              const char *what, float **ws, float **owned);
 void mha_free(void *p);
 
-/* Test hook (exported for the test suite only, under an mha_test_ prefix):
- * fail the k-th allocation from now on (k >= 1), and every later one when
+#ifdef MHA_TEST_HOOKS /* test builds only (docs/errors.md "Test hooks") */
+/* Fail the k-th allocation from now on (k >= 1), and every later one when
  * persistent.  k = 0 disables injection.  Returns allocations so far. */
 MHA_API void mha_test_fail_alloc(int64_t k, int persistent);
 MHA_API int64_t mha_test_alloc_count(void);
 /* Allocations made by mha_malloc/mha_calloc and not yet given to mha_free:
  * the OOM tests check it returns to its value before a failed call. */
 MHA_API int64_t mha_test_live_allocs(void);
+#endif
 
 /* ---- checked arithmetic -------------------------------------------------- */
 

@@ -12,6 +12,7 @@
  * fallback.
  */
 #include "internal.h"
+#include "private_api.h"
 #include "kernels/attention_flash.h"
 #include "kernels/gemm.h"
 

@@ -1,6 +1,6 @@
 /* file.c - the library's one I/O layer: positional exact reads, mapping,
  * the safe writer (temporary, fsync, rename), and the fault injection hook
- * the tests use. */
+ * of test builds. */
 #include "io.h"
 
 #include <errno.h>
@@ -14,8 +14,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* ---- fault injection (tests only) ------------------------------------------ */
+/* ---- fault injection (test builds only: -DMHA_TEST_HOOKS) ------------------- */
 
+#ifdef MHA_TEST_HOOKS
 static _Atomic int64_t io_count;    /* read/map/write operations so far       */
 static _Atomic int64_t io_fail_at;  /* operation that faults (0: none)        */
 static _Atomic int io_persistent;
@@ -37,6 +38,9 @@ static int injected_fault(void) {
         return -1;
     return atomic_load(&io_fault);
 }
+#else  /* release build: no hook */
+static inline int injected_fault(void) { return -1; }
+#endif
 
 /* ---- reading ----------------------------------------------------------------- */
 

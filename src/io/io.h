@@ -92,8 +92,10 @@ typedef enum mha_io_fault {
  * each write(2), flush, fsync, rename, directory fsync): there FAIL is EIO,
  * NOSPACE is ENOSPC, SHORT shortens a write(2) (retried), EOF is EIO.
  * Returns nothing; mha_test_io_count() gives the operations so far. */
+#ifdef MHA_TEST_HOOKS /* test builds only (docs/errors.md "Test hooks") */
 MHA_API void mha_test_fail_io(int64_t k, int persistent, mha_io_fault fault);
 MHA_API int64_t mha_test_io_count(void);
+#endif
 
 /* ---- conversions shared by the readers and writers ----------------------- */
 

@@ -42,6 +42,7 @@ if [ -s "$T/a/mha-viz.png" ]; then
 else
     has_png=0
     check "no args without libpng: note on stderr" sh -c 'printf "%s" "$1" | grep -q libpng' _ "$err"
+    echo "cli-viz: PNG checks skipped (built without libpng)"
 fi
 check "no args: SVG well-formed" well_formed "$T/a/mha-viz.svg"
 check "no args: 2 heads + average x 7 x 7 cells" [ "$(cells "$T/a/mha-viz.svg")" -eq 147 ]

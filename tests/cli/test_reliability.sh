@@ -5,10 +5,11 @@
 #     test hook, src/alloc.c: the k-th allocation fails) and =k+ (it and all
 #     later ones fail) for k = 1, 2, ... until the command succeeds.  Each
 #     failing run must exit 1 (internal failure) with a message on stderr,
-#     not crash, and leave no output file.
+#     not crash, and leave no output file.  The hook exists only in the test
+#     build's CLI, $B/test/mha; every case must hit at least one point.
 #  2. The argument fuzz target replays its corpus (tests/corpus/cli_args).
 B=${MHA_BUILD:-build}
-MHA=$PWD/$B/mha
+MHA=$PWD/$B/test/mha
 pass=0; fail=0; points=0
 ok() { pass=$((pass + 1)); }
 ko() { fail=$((fail + 1)); echo "  FAIL: $1"; }
@@ -37,6 +38,8 @@ oom_case() { # dir, extra args...
         done
         if [ $rc -eq 0 ] && [ -s "$T/y.npy" ]; then ok
         else ko "$(basename "$d"): never succeeded (mode '$mode', k $k)"; fi
+        if [ "$k" -gt 1 ]; then ok
+        else ko "$(basename "$d"): no injection point hit (mode '$mode'): has $MHA the hook?"; fi
     done
 }
 

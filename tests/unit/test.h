@@ -3,9 +3,17 @@
  *   TEST(name) { ... CHECK(cond); CHECK_STATUS(call, MHA_OK); ... }
  *
  * Tests register themselves; the runner (main.c) runs them all, or those
- * whose name contains argv[1], and ends with "N passed, N failed".
+ * whose name contains argv[1], and ends with "N passed, N failed, N skipped".
  * CHECK failures print file:line and the condition, and fail the test
  * without stopping it; REQUIRE stops the test.
+ *
+ * A path this machine or build lacks (AVX2, OpenBLAS, libpng) is reported
+ * as skipped, never passed silently:
+ *   SKIP("no AVX2+FMA on this CPU");          skips the rest of the test
+ *   SKIP_PART("kernel avx2: no AVX2+FMA");    notes a skipped part; the test
+ *                                             goes on with what it can run
+ * A test ended by SKIP counts as skipped, not passed; in a test that ran,
+ * each distinct SKIP_PART reason counts one skip.  The runner lists them.
  */
 #ifndef MHA_TEST_H
 #define MHA_TEST_H
@@ -24,6 +32,8 @@ void test_register(const char *name, test_fn fn);
 void test_fail(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int test_failures(void); /* failures so far in the current test */
+/* Notes a skip reason; whole != 0 marks the test itself skipped (SKIP). */
+void test_skip(int whole, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define TEST(name)                                                          \
     static void test_##name(void);                                          \
@@ -65,6 +75,14 @@ int test_failures(void); /* failures so far in the current test */
         }                                                                   \
     } while (0)
 
+#define SKIP(...)                                                           \
+    do {                                                                    \
+        test_skip(1, __VA_ARGS__);                                          \
+        return;                                                             \
+    } while (0)
+
+#define SKIP_PART(...) test_skip(0, __VA_ARGS__)
+
 /* Message of the last error contains `needle`. */
 #define CHECK_ERROR_MENTIONS(needle)                                        \
     do {                                                                    \
@@ -84,6 +102,21 @@ double test_rel_err(const float *y, const float *ref, size_t n);
 
 /* A float tensor view over malloc'd, randn-filled data (free with free()). */
 float *test_tensor(mha_tensor *t, int ndim, const int64_t *shape, uint64_t seed);
+
+/* True when this build and CPU run the attention kernel; otherwise notes it
+ * skipped in the current test (SKIP_PART), so the caller just moves on. */
+bool test_kernel_runs(mha_kernel kernel);
+
+/* A contiguous float32 view (a,b,c,d) over x. */
+mha_tensor test_view4(float *x, int64_t a, int64_t b, int64_t c, int64_t d);
+
+/* max|a - b| over n floats; +inf where NaN or infinity positions differ. */
+double test_max_diff(const float *a, const float *b, int64_t n);
+
+/* Makes the k-th allocation of call() fail, once and then persistently, for
+ * k = 1, 2, ... until call() succeeds: each failure must be MHA_ERR_NOMEM
+ * with a message and leak nothing, and at least one must have happened. */
+void test_alloc_failures(const char *name, mha_status (*call)(void));
 
 /* Path of a fixture under tests/fixtures (MHA_FIXTURES overrides). */
 const char *test_fixture_root(void);

@@ -13,7 +13,7 @@
  */
 #include "test.h"
 
-#include "../../src/io/io.h"
+#include "io/io.h"
 
 #include <unistd.h>
 
@@ -146,6 +146,8 @@ static bool kernel_runs(mha_kernel kernel) {
     sdpa_make(&c, 1, 1, 1, 2, 2, 2, 2, kernel);
     mha_status st = sdpa_run(&c);
     sdpa_free(&c);
+    if (st != MHA_OK)
+        SKIP_PART("kernel %s: not in this build or on this CPU", mha_kernel_name(kernel));
     return st == MHA_OK;
 }
 

@@ -7,6 +7,7 @@
  * output and, when requested, the attention weights.
  */
 #include "test.h"
+#include "private_api.h"
 
 #include <fenv.h>
 #if defined(__x86_64__) || defined(__i386__)
@@ -206,9 +207,6 @@ static bool run_case(const fcase *c, mha_kernel kernel, int threads, fout *res) 
     return st == MHA_OK;
 }
 
-static bool have_avx2(void) { return mha_kernel_resolve(MHA_KERNEL_AUTO) == MHA_KERNEL_AVX2 ||
-                                     __builtin_cpu_supports("avx2"); }
-
 /* Every fused kernel against the reference; returns the worst error. */
 static double check_case(const fcase *c, const char *label) {
     fout ref = {0};
@@ -218,7 +216,7 @@ static double check_case(const fcase *c, const char *label) {
     double worst = 0.0;
     mha_kernel kernels[2] = {MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
     for (int kk = 0; kk < 2; kk++) {
-        if (kernels[kk] == MHA_KERNEL_AVX2 && !have_avx2())
+        if (!test_kernel_runs(kernels[kk]))
             continue;
         fout got = {0};
         if (!run_case(c, kernels[kk], 2, &got))
@@ -353,7 +351,7 @@ TEST(flash_threads_bit_identical) {
     c.weights = true;
     mha_kernel kernels[2] = {MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
     for (int kk = 0; kk < 2; kk++) {
-        if (kernels[kk] == MHA_KERNEL_AVX2 && !have_avx2())
+        if (!test_kernel_runs(kernels[kk]))
             continue;
         fout one = {0};
         REQUIRE(run_case(&c, kernels[kk], 1, &one));

@@ -8,6 +8,8 @@
  * (u = 2^-24, gamma_K ~ K u, with slack for the bias and accumulate adds).
  * Odd shapes 1..70 (primes, K = 0), shapes crossing the avx2 blocks (MC 144,
  * NC 256, KC 256), strided x, w, y with guard values in the gaps.
+ * Every check asserts the path that ran is the one it names (the dispatcher
+ * returns it); a path this build or CPU lacks is reported skipped.
  */
 #include "test.h"
 
@@ -45,12 +47,33 @@ static void case_free(gemm_case *c) {
     free(c->x), free(c->w), free(c->bias), free(c->y0), free(c->y);
 }
 
-/* Runs one path and checks every element and the guards; returns the path that ran. */
-static mha_gemm_path case_check(const gemm_case *c, mha_gemm_path path, int use_bias, int acc) {
+/* True when this build and CPU run `path`; otherwise notes it skipped (a
+ * fallback is never checked under the name of the path asked for). */
+static bool path_runs_here(mha_gemm_path path) {
+    if (mha_gemm_resolve(path) == path)
+        return true;
+    SKIP_PART("gemm path %s: not in this build or on this CPU", mha_gemm_path_name(path));
+    return false;
+}
+
+/* Fails unless the product asked for `path` ran on it. */
+static void check_ran(mha_gemm_path path, mha_gemm_path ran, int64_t M, int64_t N, int64_t K) {
+    if (ran != path)
+        test_fail(__FILE__, __LINE__, "M=%lld N=%lld K=%lld: asked for path %s, %s ran",
+                  (long long)M, (long long)N, (long long)K, mha_gemm_path_name(path),
+                  mha_gemm_path_name(ran));
+}
+
+/* Runs one path and checks every element and the guards, and that the
+ * path ran; a path this machine lacks is skipped. */
+static void case_check(const gemm_case *c, mha_gemm_path path, int use_bias, int acc) {
+    if (!path_runs_here(path))
+        return;
     memcpy(c->y, c->y0, sizeof(float) * (size_t)(c->M * c->ldy));
     const float *bias = use_bias ? c->bias : NULL;
-    mha_gemm_path ran = mha_linear_f32_path(path, c->y, c->ldy, c->x, c->ldx, c->w, c->ldw, bias,
-                                            c->M, c->N, c->K, acc);
+    check_ran(path, mha_linear_f32_path(path, c->y, c->ldy, c->x, c->ldx, c->w, c->ldw, bias, c->M,
+                                        c->N, c->K, acc),
+              c->M, c->N, c->K);
     int bad = 0;
     for (int64_t i = 0; i < c->M && bad < 3; i++) {
         for (int64_t j = 0; j < c->ldy && bad < 3; j++) {
@@ -84,7 +107,6 @@ static mha_gemm_path case_check(const gemm_case *c, mha_gemm_path path, int use_
             }
         }
     }
-    return ran;
 }
 
 static void check_all_variants(int64_t M, int64_t N, int64_t K, int64_t pad, uint64_t seed) {
@@ -101,27 +123,40 @@ TEST(gemm_paths_resolve) {
     CHECK(mha_gemm_resolve(MHA_GEMM_PORTABLE) == MHA_GEMM_PORTABLE);
     if (mha_cpu_has_avx2_fma())
         CHECK(mha_gemm_resolve(MHA_GEMM_AVX2) == MHA_GEMM_AVX2);
+    else
+        SKIP_PART("gemm path avx2: this CPU lacks AVX2+FMA");
 #ifdef MHA_HAVE_CBLAS
     CHECK(mha_gemm_resolve(MHA_GEMM_BLAS) == MHA_GEMM_BLAS);
+#else
+    SKIP_PART("gemm path blas: built without OpenBLAS");
 #endif
-    mha_gemm_path best = mha_gemm_resolve(MHA_GEMM_AUTO);
-    CHECK(best != MHA_GEMM_AUTO);
-    /* MHA_GEMM forces a path; an unknown value leaves the automatic one */
+    /* MHA_GEMM forces a path: the one that then runs; whatever the caller's
+     * environment, the automatic path is the one without the variable */
     const char *old = getenv("MHA_GEMM");
     char saved[32] = "";
     if (old)
         snprintf(saved, sizeof saved, "%s", old);
-    setenv("MHA_GEMM", "portable", 1);
-    CHECK(mha_gemm_resolve(MHA_GEMM_AUTO) == MHA_GEMM_PORTABLE);
-    setenv("MHA_GEMM", "avx2", 1);
-    CHECK(mha_gemm_resolve(MHA_GEMM_AUTO) == mha_gemm_resolve(MHA_GEMM_AVX2));
-    setenv("MHA_GEMM", "nonsense", 1);
+    unsetenv("MHA_GEMM");
+    mha_gemm_path best = mha_gemm_resolve(MHA_GEMM_AUTO);
+    CHECK(best != MHA_GEMM_AUTO);
+    gemm_case c;
+    case_make(&c, 5, 7, 3, 1, 30);
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        if (mha_gemm_resolve(paths[p]) != paths[p])
+            continue; /* noted skipped above */
+        setenv("MHA_GEMM", mha_gemm_path_name(paths[p]), 1);
+        CHECK(mha_gemm_resolve(MHA_GEMM_AUTO) == paths[p]);
+        check_ran(paths[p], mha_linear_f32_path(MHA_GEMM_AUTO, c.y, c.ldy, c.x, c.ldx, c.w, c.ldw,
+                                                NULL, c.M, c.N, c.K, 0), c.M, c.N, c.K);
+    }
+    case_free(&c);
+    setenv("MHA_GEMM", "nonsense", 1); /* an unknown value leaves the automatic one */
     mha_gemm_path fallback = mha_gemm_resolve(MHA_GEMM_AUTO);
     if (old)
         setenv("MHA_GEMM", saved, 1);
     else
         unsetenv("MHA_GEMM");
-    CHECK(fallback == mha_gemm_resolve(MHA_GEMM_AUTO) || old != NULL);
+    CHECK(fallback == best);
 }
 
 TEST(gemm_small_odd_shapes) {
@@ -157,7 +192,7 @@ TEST(gemm_block_crossing_shapes) {
 
 TEST(gemm_avx2_bit_identical_across_threads) {
     if (!mha_cpu_has_avx2_fma())
-        return;
+        SKIP("gemm path avx2: this CPU lacks AVX2+FMA");
     gemm_case c;
     case_make(&c, 301, 531, 517, 3, 40);
     size_t n = (size_t)(c.M * c.ldy);
@@ -222,7 +257,9 @@ static mha_gemm_path ab_run(const ab_case *t, mha_gemm_path path) {
 }
 
 static void ab_check(const ab_case *t, mha_gemm_path path) {
-    ab_run(t, path);
+    if (!path_runs_here(path))
+        return;
+    check_ran(path, ab_run(t, path), t->M, t->N, t->K);
     int bad = 0;
     for (int64_t i = 0; i < t->M && bad < 3; i++)
         for (int64_t j = 0; j < t->ldc && bad < 3; j++) {
@@ -293,8 +330,8 @@ TEST(gemm_ab_block_crossing_shapes) {
 TEST(gemm_ab_bit_identical_across_threads) {
     static const int threads[] = {1, 2, 3, 7};
     for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
-        if (paths[p] == MHA_GEMM_BLAS) /* OpenBLAS's own threading is not ours to promise */
-            continue;
+        if (paths[p] == MHA_GEMM_BLAS || !path_runs_here(paths[p]))
+            continue; /* OpenBLAS's own threading is not ours to promise */
         for (int tr = 0; tr < 2; tr++) {
             ab_case t;
             ab_make(&t, tr, 301, 531, 517, 3, 410 + (uint64_t)tr);

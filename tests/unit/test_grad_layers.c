@@ -13,7 +13,7 @@
  *     points (accumulate, NULL skips, errors).
  */
 #include "test.h"
-#include "../../src/layers.h"
+#include "layers.h"
 
 #define FD_STEP 1e-5
 #define FD_TOL 1e-5

@@ -5,7 +5,7 @@
  * file, memory files).  Part of the branch coverage work (docs/coverage.md). */
 #include "test.h"
 
-#include "../../src/io/io.h"
+#include "io/io.h"
 
 #include <signal.h>
 #include <stdint.h>

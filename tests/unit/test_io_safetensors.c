@@ -4,7 +4,7 @@
  * injected I/O and allocation failures end cleanly. */
 #include "test.h"
 
-#include "../../src/io/io.h"
+#include "io/io.h"
 
 static const char *st_path(const char *name) {
     static char buf[512];

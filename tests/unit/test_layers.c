@@ -2,7 +2,7 @@
  * references, PyTorch parity on tests/fixtures/layers, the workspace plan
  * (zero allocations), error paths. */
 #include "fixture.h"
-#include "../../src/layers.h"
+#include "layers.h"
 
 /* ---- pieces against their references -------------------------------------- */
 

@@ -2,7 +2,7 @@
  * (tests/fixtures/adamw, gen_layer_grad_fixtures.py): parameters after every
  * step and the final moments, max|x - ref| <= 1e-6 * max(1, max|ref|). */
 #include "fixture.h"
-#include "../../src/internal.h"
+#include "internal.h"
 
 TEST(optim_adamw_matches_torch) {
     char names[16][128];

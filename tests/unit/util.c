@@ -1,5 +1,6 @@
 /* util.c - helpers shared by the unit tests. */
 #include "test.h"
+#include "internal.h" /* mha_test_* allocation hooks */
 
 void test_randn(float *x, size_t n, uint64_t seed) {
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
@@ -56,4 +57,67 @@ float *test_tensor(mha_tensor *t, int ndim, const int64_t *shape, uint64_t seed)
 const char *test_fixture_root(void) {
     const char *env = getenv("MHA_FIXTURES");
     return env ? env : "tests/fixtures";
+}
+
+bool test_kernel_runs(mha_kernel kernel) {
+    static int known[8]; /* per kernel: 0 not probed, 1 runs, 2 does not */
+    const int i = (int)kernel & 7;
+    if (!known[i]) {
+        float qd = 1.0f, kd = 1.0f, vd = 1.0f, od = 0.0f;
+        const int64_t one[4] = {1, 1, 1, 1};
+        mha_tensor q, k, v, o;
+        mha_tensor_init(&q, MHA_F32, &qd, 4, one);
+        mha_tensor_init(&k, MHA_F32, &kd, 4, one);
+        mha_tensor_init(&v, MHA_F32, &vd, 4, one);
+        mha_tensor_init(&o, MHA_F32, &od, 4, one);
+        mha_sdpa_options opt;
+        mha_sdpa_options_init(&opt);
+        opt.kernel = kernel;
+        known[i] = mha_sdpa_forward(&o, &q, &k, &v, &opt) == MHA_OK ? 1 : 2;
+    }
+    if (known[i] != 1)
+        SKIP_PART("kernel %s: not in this build or on this CPU", mha_kernel_name(kernel));
+    return known[i] == 1;
+}
+
+mha_tensor test_view4(float *x, int64_t a, int64_t b, int64_t c, int64_t d) {
+    mha_tensor t;
+    mha_tensor_init(&t, MHA_F32, x, 4, (int64_t[]){a, b, c, d});
+    return t;
+}
+
+double test_max_diff(const float *a, const float *b, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (isnan(a[i]) != isnan(b[i]) || (isinf(a[i]) && a[i] != b[i]))
+            return INFINITY;
+        if (!isinf(a[i]) && d > m)
+            m = d;
+    }
+    return m;
+}
+
+void test_alloc_failures(const char *name, mha_status (*call)(void)) {
+    int64_t points = 0;
+    for (int persistent = 0; persistent <= 1; persistent++)
+        for (int64_t k = 1; k < 1000; k++) {
+            int64_t live0 = mha_test_live_allocs(), count0 = mha_test_alloc_count();
+            mha_test_fail_alloc(k, persistent);
+            mha_status st = call();
+            mha_test_fail_alloc(0, 0);
+            if (mha_test_live_allocs() != live0)
+                test_fail(__FILE__, __LINE__, "%s: k=%lld leaked", name, (long long)k);
+            if (mha_test_alloc_count() - count0 < k) {
+                if (st != MHA_OK)
+                    test_fail(__FILE__, __LINE__, "%s: %s", name, mha_last_error());
+                break;
+            }
+            points++;
+            if (st != MHA_ERR_NOMEM || !mha_last_error()[0])
+                test_fail(__FILE__, __LINE__, "%s: k=%lld -> %s, want NOMEM", name, (long long)k,
+                          mha_status_string(st));
+        }
+    if (points == 0)
+        test_fail(__FILE__, __LINE__, "%s: no allocation failure was injected", name);
 }

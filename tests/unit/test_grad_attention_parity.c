@@ -1,4 +1,4 @@
-/* test_grad_fixtures.c - attention and MHA gradients against PyTorch autograd.
+/* test_grad_attention_parity.c - SDPA and MHA gradients against PyTorch autograd.
  *
  * Fixtures: tests/fixtures/grad_sdpa and grad_mha (gen_grad_fixtures.py,
  * float64 autograd in torch 1.13).  Rule (issue 7): per tensor

@@ -1,4 +1,4 @@
-/* test_grad_parity.c - layer backward against PyTorch autograd
+/* test_grad_layers_parity.c - layer backward against PyTorch autograd
  * (tests/fixtures/layer_grad, gen_layer_grad_fixtures.py: float64 autograd
  * of nn.TransformerEncoderLayer / DecoderLayer and of the pieces, on the
  * fixtures' float32 inputs and weights).  Every gradient tensor must satisfy
@@ -6,7 +6,7 @@
  * output of forward_train is checked too.  Some cases rerun with 1 and 3
  * threads and must agree bit for bit. */
 #include "fixture.h"
-#include "../../src/layers.h"
+#include "layers.h"
 
 #define GRAD_TOL 1e-4
 #define MAX_T 400

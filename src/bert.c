@@ -371,6 +371,7 @@ mha_status mha_bert_open(mha_bert **model, const char *model_dir) {
     MHA_CHECK(model && model_dir, MHA_ERR_NULL, "mha_bert_open: model and model_dir required");
     *model = NULL;
 #ifndef MHA_HAVE_CJSON
+    (void)bind_weights; /* reached only through read_config */
     return mha_error(MHA_ERR_UNSUPPORTED, "mha_bert_open: this build has no libcjson (install "
                      "libcjson-dev and rebuild) to read config.json");
 #else

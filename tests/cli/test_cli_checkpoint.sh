@@ -15,13 +15,7 @@
 #     the previous checkpoint, loss.tsv and a forward --out .npy
 #     byte-identical, and no temporary (FIFO targets: test_safe_write.c).
 # Prints "cli-checkpoint: N passed, N failed".
-B=${MHA_BUILD:-build}
-MHA=$PWD/$B/mha
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-ko() { fail=$((fail + 1)); echo "FAIL: $*"; }
+. tests/cli/lib/common.sh
 check() { if eval "$1"; then ok; else ko "$2"; fi; }
 OPENBLAS_NUM_THREADS=1; export OPENBLAS_NUM_THREADS
 SMALL="--dim 16 --heads 2 --ffn 16 --layers 1 --batch 4 --eval 8 --min-len 2 --max-len 4 --quiet"

@@ -3,22 +3,8 @@
 # gradients made at test time (tests/cli/grad_pytorch.py, skipped when
 # /usr/bin/python3 lacks torch), --help, and argument errors (exit 2 with a
 # message).  Prints "cli-grad: N passed, N failed".
-B=${MHA_BUILD:-build}
-MHA=$PWD/$B/mha
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-ko() { fail=$((fail + 1)); echo "FAIL: $*"; }
+. tests/cli/lib/common.sh
 
-expect() {
-    code=$1 needle=$2
-    shift 2
-    "$@" >"$T/stdout" 2>"$T/stderr"
-    rc=$?
-    if [ "$rc" -eq "$code" ] && grep -qF -- "$needle" "$T/stderr"; then ok
-    else ko "$* -> exit $rc, stderr: $(head -c 300 "$T/stderr") (want $code, '$needle')"; fi
-}
 
 if "$MHA" grad --help >"$T/out" 2>&1 && grep -q "usage: mha grad" "$T/out"; then ok
 else ko "mha grad --help"; fi

@@ -3,21 +3,7 @@
 # PyTorch layers and upstream gradients made at test time
 # (tests/cli/grad_layer_pytorch.py, skipped without /usr/bin/python3 + torch),
 # --help and argument errors.  Prints "cli-grad-layer: N passed, N failed".
-B=${MHA_BUILD:-build}
-MHA=$PWD/$B/mha
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-ko() { fail=$((fail + 1)); echo "FAIL: $*"; }
-expect() {
-    code=$1 needle=$2
-    shift 2
-    "$@" >"$T/stdout" 2>"$T/stderr"
-    rc=$?
-    if [ "$rc" -eq "$code" ] && grep -qF -- "$needle" "$T/stderr"; then ok
-    else ko "$* -> exit $rc, stderr: $(head -c 300 "$T/stderr") (want $code, '$needle')"; fi
-}
+. tests/cli/lib/common.sh
 if "$MHA" grad --layer encoder --help >"$T/h" 2>&1 && grep -q "usage: mha grad --layer" "$T/h"; then ok
 else ko "mha grad --layer --help"; fi
 expect 2 "--layer must be encoder or decoder" "$MHA" grad --layer lstm --heads 2

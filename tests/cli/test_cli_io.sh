@@ -4,24 +4,9 @@
 # when /usr/bin/python3 has torch, every malformed corpus file (exit 2 and the
 # expected message), argument errors, --help, and NumPy reading mha's files.
 # Prints "cli-io: N passed, N failed".
-B=${MHA_BUILD:-build}
-MHA=$PWD/$B/mha
+. tests/cli/lib/common.sh
 CMP=$PWD/$B/npycmp
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-ko() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
-# expect CODE NEEDLE CMD... : exit status CODE and NEEDLE in stderr
-expect() {
-    code=$1 needle=$2
-    shift 2
-    "$@" >"$T/stdout" 2>"$T/stderr"
-    rc=$?
-    if [ "$rc" -eq "$code" ] && grep -qF -- "$needle" "$T/stderr"; then ok
-    else ko "$* -> exit $rc, stderr: $(head -c 300 "$T/stderr") (want $code, '$needle')"; fi
-}
 
 # run_cases DIR: every case directory under DIR, outputs compared by npycmp
 run_cases() {

@@ -5,23 +5,9 @@
 # viz); an unknown MHA_KERNEL/MHA_GEMM value is exit 2 with the valid values,
 # said once; numbers are strict decimal (no spaces, hex, overflow or
 # underflow).  Prints "cli-strict: N passed, N failed".
-B=${MHA_BUILD:-build}
-MHA=$PWD/$B/mha
+. tests/cli/lib/common.sh
 F=tests/fixtures/cli/fwd_masked_rows_zero
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-ko() { fail=$((fail + 1)); echo "FAIL: $*"; }
 # expect CODE NEEDLE cmd...: exit status CODE and NEEDLE in stderr
-expect() {
-    code=$1 needle=$2
-    shift 2
-    "$@" >"$T/stdout" 2>"$T/stderr"
-    rc=$?
-    if [ "$rc" -eq "$code" ] && grep -qF -- "$needle" "$T/stderr"; then ok
-    else ko "$* -> exit $rc, stderr: $(head -c 300 "$T/stderr") (want $code, '$needle')"; fi
-}
 M=$T/missing
 
 # ---- a missing input file is bad input (2), naming the file, everywhere ----

@@ -7,14 +7,8 @@
 # tokenizer.json files (exit 2 and the message), argument errors.  With the
 # real model (make model) the ids of three texts as tokenizers gives them.
 # Prints "cli-tokenize: N passed, N failed".
-B=${MHA_BUILD:-build}
-MHA=$PWD/$B/mha
+. tests/cli/lib/common.sh
 TINY=$PWD/tests/fixtures/tokenizer/tiny
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-ko() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
 # same WANT CMD... : exit 0 and stdout exactly WANT
 same() {
@@ -24,15 +18,6 @@ same() {
     rc=$?
     if [ "$rc" -eq 0 ] && [ "$got" = "$want" ]; then ok
     else ko "$* -> exit $rc, stdout '$got', stderr '$(head -c 300 "$T/stderr")' (want '$want')"; fi
-}
-# expect CODE NEEDLE CMD... : exit status CODE and NEEDLE in stderr
-expect() {
-    code=$1 needle=$2
-    shift 2
-    "$@" >"$T/stdout" 2>"$T/stderr" </dev/null
-    rc=$?
-    if [ "$rc" -eq "$code" ] && grep -qF -- "$needle" "$T/stderr"; then ok
-    else ko "$* -> exit $rc, stderr: $(head -c 300 "$T/stderr") (want $code, '$needle')"; fi
 }
 
 if ! "$MHA" tokenize --model "$TINY" x >/dev/null 2>"$T/probe"; then

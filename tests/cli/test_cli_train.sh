@@ -11,13 +11,7 @@
 #     when /usr/bin/python3 lacks torch);
 #   * the loss curve SVG, --help and argument errors.
 # Prints "cli-train: N passed, N failed".
-B=${MHA_BUILD:-build}
-MHA=$PWD/$B/mha
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-ko() { fail=$((fail + 1)); echo "FAIL: $*"; }
+. tests/cli/lib/common.sh
 # small GEMMs: OpenBLAS's own threads only add overhead here
 OPENBLAS_NUM_THREADS=1; export OPENBLAS_NUM_THREADS
 
@@ -85,14 +79,6 @@ fi
 
 # ---- help and errors --------------------------------------------------------------------------
 if "$MHA" train --help >"$T/h" 2>&1 && grep -q "usage: mha train" "$T/h"; then ok; else ko "--help"; fi
-expect() {
-    code=$1 needle=$2
-    shift 2
-    "$@" >"$T/stdout" 2>"$T/stderr"
-    rc=$?
-    if [ "$rc" -eq "$code" ] && grep -qF -- "$needle" "$T/stderr"; then ok
-    else ko "$* -> exit $rc, stderr: $(head -c 300 "$T/stderr") (want $code, '$needle')"; fi
-}
 expect 2 "unknown or incomplete option" "$MHA" train --bogus
 expect 2 "--steps wants an integer" "$MHA" train --steps -3
 expect 2 "--task wants reverse or sort" "$MHA" train --task copy

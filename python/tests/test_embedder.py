@@ -8,12 +8,12 @@ $MHA_MODEL_DIR); without it, or in a build without libcjson, these tests
 are skipped."""
 import os
 import shutil
-import threading
 
 import numpy as np
 import pytest
 
 import mha
+from conftest import run_in_threads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIX = os.path.join(ROOT, "tests", "fixtures", "bert")
@@ -151,21 +151,14 @@ def test_bad_arguments(embedder):
 
 def test_threads_equal_serial(embedder, fixture, encoded):
     texts = fixture[0]
-    results, errors = {}, []
+    results = {}
 
     def work(t):
-        try:
-            order = list(range(t, len(texts), 3)) + list(range(t))
-            results[t] = (order, embedder.encode([texts[i] for i in order], batch_size=1 + t))
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
+        order = list(range(t, len(texts), 3)) + list(range(t))
+        results[t] = (order, embedder.encode([texts[i] for i in order], batch_size=1 + t))
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors and len(results) == 6
+    run_in_threads(work, 6)
+    assert len(results) == 6
     for order, got in results.values():
         assert got.tobytes() == encoded[order].tobytes()
 

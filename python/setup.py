@@ -23,6 +23,11 @@ def make(*args):
                           check=True, stdout=subprocess.PIPE, text=True).stdout
 
 
+def c_string(text):
+    """text as a C string literal."""
+    return '"%s"' % text.replace("\\", "\\\\").replace('"', '\\"')
+
+
 class BuildWithLibmha(build_ext):
     """build_ext that first builds (or finds) libmha.a and its link flags."""
 
@@ -47,6 +52,8 @@ class BuildWithLibmha(build_ext):
 setup(
     ext_modules=[Extension("mha._mha", sources=["csrc/_mha.c"],
                            include_dirs=[os.path.join(ROOT, "include")],
+                           # where mha.Embedder() looks for models/ last (`make model`)
+                           define_macros=[("MHA_SOURCE_ROOT", c_string(ROOT))],
                            extra_compile_args=["-std=c11", "-Wall", "-Wextra",
                                                "-Wno-unused-parameter",
                                                "-Wno-missing-field-initializers",

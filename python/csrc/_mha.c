@@ -27,17 +27,25 @@
 
 #include "mha.h"
 
+/* The checkout the module was built from (setup.py), "" when unknown. */
+#ifndef MHA_SOURCE_ROOT
+#define MHA_SOURCE_ROOT ""
+#endif
+
 /* ---- errors ------------------------------------------------------------- */
 
-static PyObject *raise_status(mha_status s) {
-    PyObject *type = PyExc_ValueError;
+static PyObject *status_exception(mha_status s) {
     if (s == MHA_ERR_NOMEM)
-        type = PyExc_MemoryError;
-    else if (s == MHA_ERR_IO || s == MHA_ERR_FORMAT)
-        type = PyExc_OSError;
-    else if (s == MHA_ERR_UNSUPPORTED)
-        type = PyExc_NotImplementedError;
-    PyErr_Format(type, "%s: %s", mha_status_string(s), mha_last_error());
+        return PyExc_MemoryError;
+    if (s == MHA_ERR_IO || s == MHA_ERR_FORMAT)
+        return PyExc_OSError;
+    if (s == MHA_ERR_UNSUPPORTED)
+        return PyExc_NotImplementedError;
+    return PyExc_ValueError;
+}
+
+static PyObject *raise_status(mha_status s) {
+    PyErr_Format(status_exception(s), "%s: %s", mha_status_string(s), mha_last_error());
     return NULL;
 }
 
@@ -620,6 +628,267 @@ static PyObject *py_safetensors_load(PyObject *self, PyObject *arg) {
     return list;
 }
 
+/* ---- the sentence embedder ---------------------------------------------------
+ * A sentence-transformers model directory as mha_bert + mha_tokenizer (as
+ * cli/embedder.c opens them).  Letters: n texts, T their ids packed, D the
+ * hidden width.  Texts reach C as a tuple of str, read through their
+ * cached UTF-8 (the tuple and its strings are immutable, so the pointers
+ * stay valid without the GIL); tokenizing and embedding both run without
+ * it.  The tokenizer is immutable (concurrent encodes are safe) but a model
+ * runs one mha_bert_embed at a time (it keeps its workspace): embed takes
+ * the embedder's lock, waiting for it without the GIL. */
+
+#define EMBEDDER_CAPSULE "mha._mha.embedder"
+
+typedef struct embedder {
+    mha_bert *bert;
+    mha_tokenizer *tok;
+    PyThread_type_lock lock; /* held around mha_bert_embed */
+} embedder;
+
+static void embedder_free(embedder *e) {
+    if (!e)
+        return;
+    mha_tokenizer_free(e->tok);
+    mha_bert_free(e->bert);
+    if (e->lock)
+        PyThread_free_lock(e->lock);
+    PyMem_RawFree(e);
+}
+
+static void embedder_destroy(PyObject *capsule) {
+    embedder_free(PyCapsule_GetPointer(capsule, EMBEDDER_CAPSULE));
+}
+
+static embedder *embedder_of(PyObject *o) {
+    return PyCapsule_GetPointer(o, EMBEDDER_CAPSULE);
+}
+
+/* embedder_open(model_dir) -> capsule: the model (config.json,
+ * model.safetensors, modules.json, ...) and model_dir/tokenizer.json, whose
+ * vocab must be the config's vocab_size. */
+static PyObject *py_embedder_open(PyObject *self, PyObject *arg) {
+    PyObject *bytes_dir = NULL;
+    if (!PyUnicode_FSConverter(arg, &bytes_dir))
+        return NULL;
+    embedder *e = PyMem_RawCalloc(1, sizeof *e);
+    if (!e || !(e->lock = PyThread_allocate_lock())) {
+        Py_DECREF(bytes_dir);
+        embedder_free(e);
+        return PyErr_NoMemory();
+    }
+    const char *dir = PyBytes_AS_STRING(bytes_dir);
+    size_t cap = strlen(dir) + sizeof "/tokenizer.json";
+    char *tok_path = PyMem_RawMalloc(cap);
+    if (!tok_path) {
+        Py_DECREF(bytes_dir);
+        embedder_free(e);
+        return PyErr_NoMemory();
+    }
+    snprintf(tok_path, cap, "%s/tokenizer.json", dir);
+    mha_status st;
+    Py_BEGIN_ALLOW_THREADS st = mha_bert_open(&e->bert, dir);
+    if (st == MHA_OK)
+        st = mha_tokenizer_open(&e->tok, tok_path);
+    Py_END_ALLOW_THREADS PyMem_RawFree(tok_path);
+    if (st != MHA_OK) {
+        Py_DECREF(bytes_dir);
+        embedder_free(e);
+        return raise_status(st);
+    }
+    int64_t vocab = mha_bert_get_info(e->bert)->vocab;
+    if (mha_tokenizer_vocab_size(e->tok) != vocab) {
+        PyErr_Format(PyExc_OSError, "%s/tokenizer.json has %lld tokens but config.json "
+                     "vocab_size is %lld", dir, (long long)mha_tokenizer_vocab_size(e->tok),
+                     (long long)vocab);
+        Py_DECREF(bytes_dir);
+        embedder_free(e);
+        return NULL;
+    }
+    Py_DECREF(bytes_dir);
+    PyObject *capsule = PyCapsule_New(e, EMBEDDER_CAPSULE, embedder_destroy);
+    if (!capsule)
+        embedder_free(e);
+    return capsule;
+}
+
+/* embedder_info(capsule) -> dict of mha_bert_info (+ num_special) */
+static PyObject *py_embedder_info(PyObject *self, PyObject *capsule) {
+    embedder *e = embedder_of(capsule);
+    if (!e)
+        return NULL;
+    const mha_bert_info *i = mha_bert_get_info(e->bert);
+    return Py_BuildValue("{sLsLsLsLsLsLsLsLsfsssisL}", "hidden", (long long)i->hidden,
+                         "heads", (long long)i->heads, "layers", (long long)i->layers,
+                         "intermediate", (long long)i->intermediate, "vocab",
+                         (long long)i->vocab, "max_positions", (long long)i->max_positions,
+                         "max_seq_length", (long long)i->max_seq_length, "type_vocab",
+                         (long long)i->type_vocab, "layer_norm_eps", (double)i->layer_norm_eps,
+                         "pooling", i->pooling == MHA_BERT_POOL_CLS ? "cls" : "mean",
+                         "normalize", i->normalize, "num_special",
+                         (long long)mha_tokenizer_num_special(e->tok));
+}
+
+/* n texts as UTF-8: text[i][0..len[i]), pointers into the tuple's strings. */
+typedef struct texts {
+    Py_ssize_t n;
+    const char **text;
+    size_t *len;
+} texts;
+
+static void texts_free(texts *t) {
+    PyMem_RawFree(t->text);
+    PyMem_RawFree(t->len);
+}
+
+static int texts_of(PyObject *tuple, texts *t) {
+    memset(t, 0, sizeof *t);
+    if (!PyTuple_Check(tuple)) {
+        PyErr_SetString(PyExc_TypeError, "_mha: texts must be a tuple of str");
+        return 0;
+    }
+    t->n = PyTuple_GET_SIZE(tuple);
+    t->text = PyMem_RawMalloc(sizeof *t->text * (size_t)(t->n + 1));
+    t->len = PyMem_RawMalloc(sizeof *t->len * (size_t)(t->n + 1));
+    if (!t->text || !t->len) {
+        texts_free(t);
+        PyErr_NoMemory();
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < t->n; i++) {
+        PyObject *s = PyTuple_GET_ITEM(tuple, i);
+        Py_ssize_t len = 0;
+        if (!PyUnicode_Check(s)) {
+            PyErr_Format(PyExc_TypeError, "sentences[%zd]: %s is not a str", i,
+                         Py_TYPE(s)->tp_name);
+            texts_free(t);
+            return 0;
+        }
+        if (!(t->text[i] = PyUnicode_AsUTF8AndSize(s, &len))) { /* a lone surrogate */
+            texts_free(t);
+            return 0;
+        }
+        t->len[i] = (size_t)len;
+    }
+    return 1;
+}
+
+/* ids[off[i] .. off[i+1]) = text i tokenized and truncated to max_length
+ * ids (ids holds n * max_length); on failure *bad is the text's index.
+ * Runs without the GIL. */
+static mha_status encode_texts(const mha_tokenizer *tok, const texts *t, int64_t max_length,
+                               int32_t *ids, int64_t *off, Py_ssize_t *bad) {
+    off[0] = 0;
+    for (Py_ssize_t i = 0; i < t->n; i++) {
+        int64_t k = 0;
+        mha_status st = mha_tokenizer_encode(tok, t->text[i], t->len[i], max_length,
+                                             ids + off[i], max_length, &k);
+        if (st != MHA_OK) {
+            *bad = i;
+            return st;
+        }
+        off[i + 1] = off[i] + k;
+    }
+    return MHA_OK;
+}
+
+/* Tokenizes the texts of tuple (n) without the GIL into *ids (T) and *off
+ * (n+1), owned by the caller (PyMem_RawFree), or raises. */
+static int tokenize_tuple(embedder *e, PyObject *tuple, PyObject *max_length_obj, texts *t,
+                          int32_t **ids, int64_t **off) {
+    int ok = 1;
+    int64_t max_length = as_i64(max_length_obj, &ok);
+    *ids = NULL, *off = NULL;
+    if (!ok || !texts_of(tuple, t))
+        return 0;
+    const int64_t P = mha_bert_get_info(e->bert)->max_positions;
+    if (max_length < 1 || max_length > P) {
+        PyErr_Format(PyExc_ValueError, "max_seq_length: %lld, want 1..%lld (the model's "
+                     "max_position_embeddings)", (long long)max_length, (long long)P);
+        texts_free(t);
+        return 0;
+    }
+    *ids = PyMem_RawMalloc(sizeof **ids * (size_t)(t->n * max_length + 1));
+    *off = PyMem_RawMalloc(sizeof **off * (size_t)(t->n + 1));
+    if (!*ids || !*off) {
+        PyMem_RawFree(*ids), PyMem_RawFree(*off);
+        texts_free(t);
+        PyErr_NoMemory();
+        return 0;
+    }
+    mha_status st;
+    Py_ssize_t bad = -1;
+    Py_BEGIN_ALLOW_THREADS st = encode_texts(e->tok, t, max_length, *ids, *off, &bad);
+    Py_END_ALLOW_THREADS
+    if (st == MHA_OK)
+        return 1;
+    PyErr_Format(status_exception(st), "%s: sentences[%zd]: %s", mha_status_string(st), bad,
+                 mha_last_error());
+    PyMem_RawFree(*ids), PyMem_RawFree(*off);
+    texts_free(t);
+    return 0;
+}
+
+/* embedder_tokenize(capsule, texts, max_length) -> [[id, ...], ...] */
+static PyObject *py_embedder_tokenize(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
+    if (!check_nargs(nargs, 3, "embedder_tokenize"))
+        return NULL;
+    embedder *e = embedder_of(a[0]);
+    texts t;
+    int32_t *ids;
+    int64_t *off;
+    if (!e || !tokenize_tuple(e, a[1], a[2], &t, &ids, &off))
+        return NULL;
+    PyObject *list = PyList_New(t.n);
+    for (Py_ssize_t i = 0; list && i < t.n; i++) {
+        PyObject *row = PyList_New((Py_ssize_t)(off[i + 1] - off[i]));
+        for (int64_t j = off[i]; row && j < off[i + 1]; j++) {
+            PyObject *id = PyLong_FromLong(ids[j]);
+            if (!id)
+                Py_CLEAR(row);
+            else
+                PyList_SET_ITEM(row, (Py_ssize_t)(j - off[i]), id);
+        }
+        if (!row)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, i, row);
+    }
+    PyMem_RawFree(ids), PyMem_RawFree(off);
+    texts_free(&t);
+    return list;
+}
+
+/* embedder_embed(capsule, out (n,D) float32, texts (n), max_length) */
+static PyObject *py_embedder_embed(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
+    if (!check_nargs(nargs, 4, "embedder_embed"))
+        return NULL;
+    embedder *e = embedder_of(a[0]);
+    if (!e)
+        return NULL;
+    held h = {0};
+    int ok = 1;
+    mha_tensor *out = view(&h, a[1], "out", 1, &ok);
+    FAIL_IF_NOT_OK(&h, ok);
+    texts t;
+    int32_t *ids;
+    int64_t *off;
+    if (!tokenize_tuple(e, a[2], a[3], &t, &ids, &off)) {
+        release(&h);
+        return NULL;
+    }
+    mha_status st;
+    Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock(e->lock, WAIT_LOCK);
+    st = mha_bert_embed(e->bert, out, ids, off, (int64_t)t.n);
+    PyThread_release_lock(e->lock);
+    Py_END_ALLOW_THREADS PyMem_RawFree(ids), PyMem_RawFree(off);
+    texts_free(&t);
+    release(&h);
+    if (st != MHA_OK)
+        return raise_status(st);
+    Py_RETURN_NONE;
+}
+
 /* ---- execution control ------------------------------------------------------ */
 
 static PyObject *py_set_num_threads(PyObject *self, PyObject *arg) {
@@ -672,6 +941,12 @@ static PyMethodDef methods[] = {
     {"attention_decode", (PyCFunction)(void (*)(void))py_attention_decode, METH_FASTCALL,
      "mha_attention_decode"},
     {"safetensors_load", py_safetensors_load, METH_O, "[(name, shape, float32 bytes)]"},
+    {"embedder_open", py_embedder_open, METH_O, "mha_bert_open + mha_tokenizer_open"},
+    {"embedder_info", py_embedder_info, METH_O, "mha_bert_get_info as a dict"},
+    {"embedder_tokenize", (PyCFunction)(void (*)(void))py_embedder_tokenize, METH_FASTCALL,
+     "mha_tokenizer_encode of each text"},
+    {"embedder_embed", (PyCFunction)(void (*)(void))py_embedder_embed, METH_FASTCALL,
+     "tokenize + mha_bert_embed"},
     {"set_num_threads", py_set_num_threads, METH_O, "mha_set_num_threads"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "mha_get_num_threads"},
     {"kernel_name", py_kernel_name, METH_O, "name of the kernel a request resolves to"},
@@ -689,7 +964,8 @@ PyMODINIT_FUNC PyInit__mha(void) {
     LayoutError = PyErr_NewException("mha._mha.LayoutError", PyExc_ValueError, NULL);
     Py_XINCREF(LayoutError); /* one reference for the module, one for this file */
     if (!LayoutError || PyModule_AddObject(m, "LayoutError", LayoutError) != 0 ||
-        PyModule_AddStringConstant(m, "version", mha_version()) != 0)
+        PyModule_AddStringConstant(m, "version", mha_version()) != 0 ||
+        PyModule_AddStringConstant(m, "source_root", MHA_SOURCE_ROOT) != 0)
         Py_CLEAR(m);
     return m;
 }

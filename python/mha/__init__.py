@@ -6,6 +6,8 @@ and CPU torch tensors (zero-copy for float32), without the GIL.
     q = k = v = np.random.rand(2, 4, 16, 8).astype(np.float32)   # (B,H,L,d)
     out = mha.scaled_dot_product_attention(q, k, v, is_causal=True)
 
+    emb = mha.Embedder().encode(["a sentence", "another"])   # (2, 384) float32
+
 mha.torch has the autograd Function (mha's fused backward) and the helper
 that puts mha's attention into torch.nn.MultiheadAttention modules.
 docs/python.md is the manual.
@@ -15,6 +17,7 @@ from ._arrays import copies
 from .functional import (KVCache, attention_decode, load_safetensors, multi_head_attention,
                          onnx_attention, scaled_dot_product_attention)
 from .modules import MultiheadAttention, TransformerDecoderLayer, TransformerEncoderLayer
+from .embedder import Embedder, find_model_dir
 
 __version__ = "0.1.0"
 library_version = _mha.version
@@ -39,5 +42,5 @@ def kernel_name(kernel="auto"):
 
 __all__ = ["scaled_dot_product_attention", "multi_head_attention", "onnx_attention",
            "attention_decode", "KVCache", "MultiheadAttention", "TransformerEncoderLayer",
-           "TransformerDecoderLayer", "load_safetensors", "copies", "set_num_threads",
+           "TransformerDecoderLayer", "Embedder", "find_model_dir", "load_safetensors", "copies", "set_num_threads",
            "get_num_threads", "kernel_name", "library_version"]

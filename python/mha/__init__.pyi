@@ -5,6 +5,7 @@ from .functional import (KVCache as KVCache, attention_decode as attention_decod
                          onnx_attention as onnx_attention,
                          scaled_dot_product_attention as scaled_dot_product_attention)
 from .functional import Kernel
+from .embedder import Embedder as Embedder, find_model_dir as find_model_dir
 from .modules import (MultiheadAttention as MultiheadAttention,
                       TransformerDecoderLayer as TransformerDecoderLayer,
                       TransformerEncoderLayer as TransformerEncoderLayer)

@@ -1,5 +1,8 @@
 """conftest.py - shared references for the mha Python tests: a NumPy
-float64 SDPA (the obviously-correct reference) and seeded inputs."""
+float64 SDPA (the obviously-correct reference), seeded inputs, and
+running work in several threads at once."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -38,3 +41,23 @@ def rng():
 
 def randn(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
+
+
+def run_in_threads(work, n):
+    """work(t) for t in 0..n-1, each in its own thread, all started before
+    any is joined; re-raises the first exception a thread raised."""
+    errors = []
+
+    def run(t):
+        try:
+            work(t)
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]

@@ -1,12 +1,10 @@
 """test_misc.py - the ONNX Attention operator, the KV cache and decode
 step, safetensors loading, errors as Python exceptions, threads."""
-import threading
-
 import numpy as np
 import pytest
 
 import mha
-from conftest import randn, ref_sdpa
+from conftest import randn, ref_sdpa, run_in_threads
 
 
 def test_onnx_attention_4d_with_past(rng):
@@ -122,22 +120,13 @@ def test_threads_equal_serial(rng):
               for _ in range(8)]
     serial = [mha.scaled_dot_product_attention(*x, is_causal=True) for x in inputs]
     results = [[None] * 8 for _ in range(8)]
-    errors = []
 
     def work(t):
-        try:
-            for rep in range(8):
-                i = (t + rep) % 8
-                results[t][i] = mha.scaled_dot_product_attention(*inputs[i], is_causal=True)
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        for rep in range(8):
+            i = (t + rep) % 8
+            results[t][i] = mha.scaled_dot_product_attention(*inputs[i], is_causal=True)
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_in_threads(work, 8)
     for t in range(8):
         for i in range(8):
             np.testing.assert_array_equal(results[t][i], serial[i])
@@ -146,12 +135,7 @@ def test_threads_equal_serial(rng):
 def test_threads_share_a_kv_cache(rng):
     cache = mha.KVCache(1, 2, capacity=64, head_dim=4)
     kv = randn(rng, 1, 2, 1, 4)
-    threads = [threading.Thread(target=lambda: [cache.append(kv, kv) for _ in range(8)])
-               for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_in_threads(lambda t: [cache.append(kv, kv) for _ in range(8)], 4)
     assert len(cache) == 32
 
 

@@ -1,0 +1,26 @@
+import os
+from typing import Any, Dict, Iterable, List, Optional, Union, overload
+
+import numpy as np
+
+DEFAULT_MODEL: str
+
+def find_model_dir(model_dir: Optional[Union[str, os.PathLike]] = ...) -> str: ...
+
+class Embedder:
+    model_dir: str
+    info: Dict[str, Any]
+    max_seq_length: int
+    def __init__(self, model_dir: Optional[Union[str, os.PathLike]] = ...) -> None: ...
+    def get_max_seq_length(self) -> int: ...
+    def get_sentence_embedding_dimension(self) -> int: ...
+    @overload
+    def tokenize(self, texts: str) -> List[int]: ...
+    @overload
+    def tokenize(self, texts: Iterable[str]) -> List[List[int]]: ...
+    # one str: (D,); an iterable of n str: (n, D) float32 (a list of (D,)
+    # arrays with convert_to_numpy=False, a torch tensor with convert_to_tensor=True)
+    def encode(self, sentences: Union[str, Iterable[str]], batch_size: int = ...,
+               show_progress_bar: bool = ..., *, convert_to_numpy: bool = ...,
+               convert_to_tensor: bool = ..., normalize_embeddings: Optional[bool] = ...
+               ) -> Union[np.ndarray, List[np.ndarray], Any]: ...

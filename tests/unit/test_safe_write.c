@@ -11,7 +11,7 @@
  *   * a reader holding the old file mapped keeps reading the old bytes (no
  *     SIGBUS) while the path is rewritten;
  *   * a FIFO target is written directly and never removed, even after a
- *     failed write (the removed /dev/full render test is now this);
+ *     failed write (this replaces the old render test that wrote to a device);
  *   * checkpoints: a model beside an optimiser of another step or run is
  *     refused naming both; a metadata-only checkpoint promising a huge model
  *     is refused before the model is allocated.

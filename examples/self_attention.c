@@ -20,7 +20,7 @@ int main(void) {
     mha_multihead_options opt;
     mha_multihead_options_init(&opt);
     opt.num_heads = H;
-    opt.causal = 1;                          /* tril(ones(L, L)) */
+    opt.causal = MHA_CAUSAL_TOP_LEFT;        /* tril(ones(L, L)) */
 
     mha_status st = mha_multihead_forward(&Y, &X, &X, &X, &w, &opt);
     if (st != MHA_OK) {

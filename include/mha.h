@@ -452,7 +452,10 @@ typedef struct mha_multihead_options {
      * the extra columns are attended. */
     const mha_tensor *key_padding_mask;
     const mha_tensor *attn_mask;
-    int causal;                      /* tril(ones(L,S)), combined with masks */
+    /* MHA_CAUSAL_TOP_LEFT: tril(ones(L,S)), combined with the masks (as
+     * in SDPA, key j masked when j > i); BOTTOM_RIGHT and OFFSET are
+     * MHA_ERR_VALUE here (no key lengths or causal_offset). */
+    mha_causal causal;               /* default MHA_CAUSAL_NONE             */
 
     mha_masked_rows masked_rows;     /* default MHA_MASKED_ROWS_ZERO        */
 
@@ -608,7 +611,8 @@ typedef struct mha_decoder_weights {
 typedef struct mha_layer_masks {
     const mha_tensor *attn_mask;          /* (L,L) or (B*H,L,L)             */
     const mha_tensor *key_padding_mask;   /* (B,L)                          */
-    int causal;                           /* tril(ones(L,L)) on self-attn   */
+    mha_causal causal;                    /* NONE or TOP_LEFT (tril(ones(L,L)))
+                                             on the self-attention        */
     const mha_tensor *memory_mask;        /* (L,S) or (B*H,L,S)             */
     const mha_tensor *memory_key_padding_mask; /* (B,S)                     */
 } mha_layer_masks;
@@ -975,7 +979,7 @@ typedef struct mha_model_config {
     int64_t max_len;            /* positions, T <= max_len                   */
     int64_t dim, heads, ffn;    /* E, H (divides E), F                       */
     int64_t layers;             /* >= 1                                      */
-    int causal;                 /* 1: decoder-only (causal self-attention)   */
+    mha_causal causal;          /* TOP_LEFT: decoder-only; NONE or TOP_LEFT  */
     int norm_first;             /* 1: pre-norm + final norm (default)        */
     mha_activation activation;  /* default GELU                              */
     float dropout;              /* every dropout of the layers, default 0    */

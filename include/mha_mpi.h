@@ -119,10 +119,11 @@ mha_status mha_ring_attention_backward(MPI_Comm comm, mha_tensor *dq, mha_tensor
  * is mha_ring_attention_forward.  w: the single-process layer's weights (the
  * same state_dict on every rank; packed in_proj_weight or separate q/k/v,
  * no bias_k/bias_v); opt as for mha_encoder_layer_forward (no dropout in
- * training); causal != 0 masks later tokens (is_causal).  out may be src. */
+ * training); causal MHA_CAUSAL_TOP_LEFT masks later tokens (is_causal),
+ * MHA_CAUSAL_NONE none (other values: MHA_ERR_VALUE).  out may be src. */
 mha_status mha_ring_encoder_layer_forward(MPI_Comm comm, mha_tensor *out, const mha_tensor *src,
                                           const mha_encoder_layer_weights *w,
-                                          const mha_layer_options *opt, int causal,
+                                          const mha_layer_options *opt, mha_causal causal,
                                           mha_ring_layout layout);
 
 /* Its backward, collective: dsrc (B,Ll,E) += dL/dsrc for this rank's
@@ -136,7 +137,7 @@ mha_status mha_ring_encoder_layer_backward(MPI_Comm comm, mha_tensor *dsrc,
                                            const mha_encoder_layer_grads *grads,
                                            const mha_tensor *dout, const mha_tensor *src,
                                            const mha_encoder_layer_weights *w,
-                                           const mha_layer_options *opt, int causal,
+                                           const mha_layer_options *opt, mha_causal causal,
                                            mha_ring_layout layout);
 
 #ifdef __cplusplus

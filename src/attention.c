@@ -140,6 +140,14 @@ mha_status mha_sdpa_problem_init(mha_attn_problem *p, const mha_tensor *q, const
     return MHA_OK;
 }
 
+mha_status mha_check_causal_top_left(mha_causal causal, const char *who) {
+    MHA_CHECK(causal == MHA_CAUSAL_NONE || causal == MHA_CAUSAL_TOP_LEFT, MHA_ERR_VALUE,
+              "%s: causal %d, want MHA_CAUSAL_NONE or MHA_CAUSAL_TOP_LEFT (no bottom-right or "
+              "offset alignment here)",
+              who, (int)causal);
+    return MHA_OK;
+}
+
 mha_status mha_sdpa_forward(mha_tensor *out, const mha_tensor *q, const mha_tensor *k,
                             const mha_tensor *v, const mha_sdpa_options *opt) {
     mha_sdpa_options defaults;

@@ -233,6 +233,10 @@ static inline float mha_attn_softcap(float s, float cap) {
 mha_status mha_sdpa_problem_init(mha_attn_problem *p, const mha_tensor *q, const mha_tensor *k,
                                  const mha_tensor *v, const mha_tensor *out,
                                  const mha_sdpa_options *opt);
+/* MHA_OK when causal is MHA_CAUSAL_NONE or MHA_CAUSAL_TOP_LEFT, the two
+ * alignments of the modules without key lengths or offsets (multihead,
+ * layers, the model, the ring layer); else MHA_ERR_VALUE naming `who`. */
+mha_status mha_check_causal_top_left(mha_causal causal, const char *who);
 /* p->scale from opt (scale_set: finite) or 1/sqrt(p->d); decode uses it too. */
 mha_status mha_attn_resolve_scale(mha_attn_problem *p, const mha_sdpa_options *opt);
 mha_status mha_attn_check_common(mha_attn_problem *p, mha_masked_rows masked_rows, int training,

@@ -108,6 +108,7 @@ static mha_status check_config(const mha_model_config *c) {
               "model: heads %lld must divide dim %lld", (long long)c->heads, (long long)c->dim);
     MHA_CHECK(c->activation >= MHA_ACT_RELU && c->activation <= MHA_ACT_SILU, MHA_ERR_VALUE,
               "model: unknown activation %d", (int)c->activation);
+    MHA_TRY(mha_check_causal_top_left(c->causal, "model"));
     MHA_CHECK(c->dropout >= 0.0f && c->dropout < 1.0f, MHA_ERR_VALUE,
               "model: dropout %g must be in [0,1)", (double)c->dropout);
     MHA_CHECK(c->layer_norm_eps > 0.0f && isfinite(c->layer_norm_eps), MHA_ERR_VALUE,
@@ -787,7 +788,7 @@ mha_status mha_model_load(mha_model **out, const char *path, const char *optim_p
         s = meta_double(st, "layer_norm_eps", &eps);
     if (s == MHA_OK) {
         c.vocab = v[0], c.max_len = v[1], c.dim = v[2], c.heads = v[3], c.ffn = v[4];
-        c.layers = v[5], c.causal = (int)v[6], c.norm_first = (int)v[7];
+        c.layers = v[5], c.causal = (mha_causal)v[6], c.norm_first = (int)v[7];
         c.activation = (mha_activation)v[8];
         c.dropout = (float)dropout, c.layer_norm_eps = (float)eps;
         s = check_config(&c);

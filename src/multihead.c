@@ -91,6 +91,7 @@ mha_status mha_mh_check_dims(mh_dims *m, const mha_tensor *query, const mha_tens
     MHA_CHECK(w != NULL, MHA_ERR_NULL, "w: NULL weights");
     MHA_CHECK(opt != NULL, MHA_ERR_NULL, "opt: NULL options");
     MHA_CHECK(query != NULL, MHA_ERR_NULL, "query: NULL tensor");
+    MHA_TRY(mha_check_causal_top_left(opt->causal, "multihead"));
     m->batched = query->ndim == 3;
     MHA_CHECK(query->ndim == 2 || query->ndim == 3, MHA_ERR_SHAPE,
               "query: shape %s, want (B,L,E) or (L,E)", mha_shape_str(query, s1, sizeof s1));

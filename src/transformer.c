@@ -157,6 +157,7 @@ static mha_status run_begin(layer_run *r, const mha_tensor *x, const mha_tensor 
     r->opt = opt;
     if (masks)
         r->masks = *masks;
+    MHA_TRY(mha_check_causal_top_left(r->masks.causal, "masks"));
     MHA_TRY(plan_workspace(r->B, r->L, r->S, r->E, F, &r->plan));
     size_t need = (size_t)r->plan.total * sizeof(float);
     MHA_TRY(mha_workspace_get(workspace, workspace_bytes, need, "layer", &r->ws, owned));

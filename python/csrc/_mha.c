@@ -329,7 +329,7 @@ static PyObject *py_multihead(PyObject *self, PyObject *const *a, Py_ssize_t nar
     opt.add_zero_attn = (int)as_i64(a[6], &ok);
     opt.key_padding_mask = view(&h, a[7], "key_padding_mask", 0, &ok);
     opt.attn_mask = view(&h, a[8], "attn_mask", 0, &ok);
-    opt.causal = (int)as_i64(a[9], &ok);
+    opt.causal = (mha_causal)as_i64(a[9], &ok);
     opt.masked_rows = as_i64(a[10], &ok) ? MHA_MASKED_ROWS_NAN : MHA_MASKED_ROWS_ZERO;
     opt.weights = view(&h, a[11], "attn_output_weights", 1, &ok);
     opt.average_weights = (int)as_i64(a[12], &ok);
@@ -393,7 +393,7 @@ static PyObject *py_encoder_layer(PyObject *self, PyObject *const *a, Py_ssize_t
     w.norm2_weight = norms[2], w.norm2_bias = norms[3];
     masks.attn_mask = view(&h, a[3], "src_mask", 0, &ok);
     masks.key_padding_mask = view(&h, a[4], "src_key_padding_mask", 0, &ok);
-    masks.causal = (int)as_i64(a[5], &ok);
+    masks.causal = (mha_causal)as_i64(a[5], &ok);
     layer_options(&opt, a + 6, &ok);
     FAIL_IF_NOT_OK(&h, ok);
     RUN_RELEASED(&h, mha_encoder_layer_forward(out, src, &w, &masks, &opt, NULL, 0));
@@ -423,7 +423,7 @@ static PyObject *py_decoder_layer(PyObject *self, PyObject *const *a, Py_ssize_t
     w.norm3_weight = norms[4], w.norm3_bias = norms[5];
     masks.attn_mask = view(&h, a[4], "tgt_mask", 0, &ok);
     masks.key_padding_mask = view(&h, a[5], "tgt_key_padding_mask", 0, &ok);
-    masks.causal = (int)as_i64(a[6], &ok);
+    masks.causal = (mha_causal)as_i64(a[6], &ok);
     masks.memory_mask = view(&h, a[7], "memory_mask", 0, &ok);
     masks.memory_key_padding_mask = view(&h, a[8], "memory_key_padding_mask", 0, &ok);
     layer_options(&opt, a + 9, &ok);

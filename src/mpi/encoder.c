@@ -107,11 +107,12 @@ static mha_status acts_alloc(acts *A, float **buf, int64_t N, int64_t E) {
     return MHA_OK;
 }
 
-static mha_ring_options ring_opts(const mha_layer_options *opt, int causal, mha_ring_layout layout) {
+static mha_ring_options ring_opts(const mha_layer_options *opt, mha_causal causal,
+                                  mha_ring_layout layout) {
     mha_ring_options ro;
     mha_ring_options_init(&ro);
     ro.layout = layout;
-    ro.sdpa.causal = causal ? MHA_CAUSAL_TOP_LEFT : MHA_CAUSAL_NONE;
+    ro.sdpa.causal = causal;
     ro.sdpa.masked_rows = opt->masked_rows;
     ro.sdpa.kernel = opt->kernel;
     return ro;
@@ -141,7 +142,8 @@ static void in_proj(const mha_multihead_weights *a, int i, int64_t E, mha_tensor
  * be src).  Collective: the ranks agree before the ring and at the end. */
 static mha_status forward_pass(MPI_Comm comm, mha_tensor *out, const mha_tensor *src,
                                const mha_encoder_layer_weights *w, const mha_layer_options *opt,
-                               int causal, mha_ring_layout layout, mha_status st, const acts *A) {
+                               mha_causal causal, mha_ring_layout layout, mha_status st,
+                               const acts *A) {
     const int64_t B = st == MHA_OK ? src->shape[0] : 0, L = st == MHA_OK ? src->shape[1] : 0;
     const int64_t E = st == MHA_OK ? src->shape[2] : 0, H = st == MHA_OK ? opt->num_heads : 1;
     const float eps = st == MHA_OK ? opt->layer_norm_eps : 1.0f;
@@ -187,9 +189,11 @@ static mha_status forward_pass(MPI_Comm comm, mha_tensor *out, const mha_tensor 
 
 mha_status mha_ring_encoder_layer_forward(MPI_Comm comm, mha_tensor *out, const mha_tensor *src,
                                           const mha_encoder_layer_weights *w,
-                                          const mha_layer_options *opt, int causal,
+                                          const mha_layer_options *opt, mha_causal causal,
                                           mha_ring_layout layout) {
     mha_status st = check_local(out, "out", src, w, opt);
+    if (st == MHA_OK)
+        st = mha_check_causal_top_left(causal, "ring encoder");
     acts A = {0};
     float *buf = NULL;
     if (st == MHA_OK)
@@ -349,10 +353,12 @@ mha_status mha_ring_encoder_layer_backward(MPI_Comm comm, mha_tensor *dsrc,
                                            const mha_encoder_layer_grads *grads,
                                            const mha_tensor *dout, const mha_tensor *src,
                                            const mha_encoder_layer_weights *w,
-                                           const mha_layer_options *opt, int causal,
+                                           const mha_layer_options *opt, mha_causal causal,
                                            mha_ring_layout layout) {
     mha_tensor fwd_out;
     mha_status st = check_local(dsrc, "dsrc", src, w, opt);
+    if (st == MHA_OK)
+        st = mha_check_causal_top_left(causal, "ring encoder");
     if (st == MHA_OK)
         st = check_local(dout, "dout", src, w, opt);
     if (st == MHA_OK && !grads)

@@ -116,8 +116,8 @@ static int shape_table(void) {
     mha_multihead_options opt;
     mha_multihead_options_init(&opt);
     opt.num_heads = H;
-    opt.weights = &W;
-    opt.average_weights = 0;
+    opt.attn_weights = &W;
+    opt.average_attn_weights = 0;
     mha_status st = mha_multihead_forward(&Y, &X, &X, &X, &wt, &opt);
     if (st != MHA_OK) {
         free(buf);

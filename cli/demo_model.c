@@ -78,7 +78,7 @@ static mha_status random_heads(float *w, const float *x, int64_t H, int64_t L, i
     mha_tensor_init(&w4, MHA_F32, w, 4, (int64_t[]){1, H, L, L});
     mha_sdpa_options opt;
     mha_sdpa_options_init(&opt);
-    opt.weights = &w4;
+    opt.attn_weights = &w4;
     if (st == MHA_OK)
         st = o ? mha_sdpa_forward(&o4, &q4, &k4, &k4, &opt) : MHA_ERR_NOMEM;
     free(o);

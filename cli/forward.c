@@ -73,8 +73,8 @@ int cli_forward(int argc, char **argv) {
             int64_t avg[3] = {in.B, in.L, Sx};
             st = average ? mha_tensor_alloc(&a, MHA_F32, b ? 3 : 2, avg + !b)
                          : mha_tensor_alloc(&a, MHA_F32, b ? 4 : 3, ashape + !b);
-            in.opt.weights = &a;
-            in.opt.average_weights = average;
+            in.opt.attn_weights = &a;
+            in.opt.average_attn_weights = average;
         }
         if (st != MHA_OK)
             rc = cli_fail(cmd, st, NULL);

@@ -41,8 +41,8 @@ mha_status seed_example_forward(const seed_example *ex, float *out, float *weigh
     opt.num_heads = h;
     if (weights) {
         mha_tensor_init(&w, MHA_F32, weights, 3, (int64_t[]){h, L, L});
-        opt.weights = &w;
-        opt.average_weights = 0;
+        opt.attn_weights = &w;
+        opt.average_attn_weights = 0;
     }
     mha_status st = y.data ? mha_multihead_forward(&y, &x, &x, &x, &wt, &opt) : MHA_ERR_NOMEM;
     free(tmp);
@@ -96,7 +96,7 @@ static mha_status heads_sdpa(const float *q, const float *k, const float *v, int
     mha_tensor_init(&tw, MHA_F32, weights, 4, (int64_t[]){1, h, L, L});
     mha_sdpa_options opt;
     mha_sdpa_options_init(&opt);
-    opt.weights = &tw;
+    opt.attn_weights = &tw;
     return mha_sdpa_forward(&to, &tq, &tk, &tv, &opt);
 }
 

@@ -279,8 +279,8 @@ static int run_inputs(viz_args *a, cli_mha_inputs *in, const tokens *qt, const t
         rc = cli_fail("viz", st, "output");
         goto done;
     }
-    in->opt.weights = &wt;
-    in->opt.average_weights = 0;
+    in->opt.attn_weights = &wt;
+    in->opt.average_attn_weights = 0;
     st = mha_multihead_forward(&out, &in->query, in->key_ptr, in->value_ptr, &in->w, &in->opt);
     if (st) {
         rc = cli_fail("viz", st, "forward");
@@ -306,7 +306,7 @@ static int run_inputs(viz_args *a, cli_mha_inputs *in, const tokens *qt, const t
                     a->vmax, a->svg, a->png, a->png_optional);
 done:
     free(klabels);
-    in->opt.weights = NULL;
+    in->opt.attn_weights = NULL;
     mha_tensor_free(&wt);
     mha_tensor_free(&out);
     return rc;

@@ -35,6 +35,15 @@
  *   before any output element is touched (an allocation failure in the middle
  *   of a call may leave an output partly written, and returns MHA_ERR_NOMEM).
  *
+ * OPTIONS
+ *   Every function taking a `const mha_*_options *opt` (and mha_model_create
+ *   its config, mha_adamw_init its options) reads NULL as the defaults of
+ *   the matching *_init(): mha_sdpa_forward(&O, &Q, &K, &V, NULL) is plain
+ *   softmax attention.  Where the defaults leave a required value unset
+ *   (num_heads of the multihead and layer options is 0) the call fails as
+ *   with those defaults: MHA_ERR_VALUE or MHA_ERR_SHAPE naming the field,
+ *   never MHA_ERR_NULL.
+ *
  * OWNERSHIP
  *   Views never own memory.  mha_tensor_alloc() gives a view whose data the
  *   caller frees with mha_tensor_free().  Objects made by *_create() are freed
@@ -191,8 +200,8 @@ typedef enum mha_mask_polarity {
 
 /* Output of a query row whose every key is masked. */
 typedef enum mha_masked_rows {
-    MHA_MASKED_ROWS_ZERO = 0, /* output 0, weights 0 (SDPA, ONNX, FlashAttention) */
-    MHA_MASKED_ROWS_NAN = 1   /* output NaN, weights NaN (PyTorch MHA)          */
+    MHA_MASKED_ROWS_ZERO = 0, /* output 0, attn_weights 0 (SDPA, ONNX, FlashAttention) */
+    MHA_MASKED_ROWS_NAN = 1   /* output NaN, attn_weights NaN (PyTorch MHA)          */
 } mha_masked_rows;
 
 /* Precision of the softmax.  The fused kernels compute in float32 (a
@@ -236,15 +245,16 @@ typedef struct mha_sdpa_options {
     float dropout_p;        /* in [0, 1)                                    */
     uint64_t seed;
 
-    /* Optional output: attention weights (B,Hq,L,S), after dropout. */
-    mha_tensor *weights;
+    /* Optional output: the attention probabilities (B,Hq,L,S), after
+     * dropout (0.1.0: `weights`). */
+    mha_tensor *attn_weights;
 
     mha_kernel kernel;      /* default MHA_KERNEL_AUTO                       */
 
     /* ---- modern attention (docs/onnx.md); init's defaults switch all off.
      * Per score, in this order: s = q.k * scale; softcap; + masks, causal,
      * window, key lengths, ALiBi (a masked key is -inf); softmax with the
-     * sink; weights; out.  The query row i sits at position p = i + o_b,
+     * sink; attn_weights; out.  The query row i sits at position p = i + o_b,
      * o_b the causal alignment's offset of batch b (TOP_LEFT 0, BOTTOM_RIGHT
      * S_b - L, OFFSET causal_offset or causal_offsets[b]); with causal NONE
      * the window still uses o_b = causal_offsets[b] or causal_offset. */
@@ -269,7 +279,7 @@ typedef struct mha_sdpa_options {
     mha_tensor *lse;
     /* Optional output (B,Hq,L,S), ONNX qk_matmul_output: qk_mode 0 the
      * scaled q.k, 1 after softcap, 2 after softcap and masks (-inf where
-     * masked), 3 the softmax weights (as `weights`). */
+     * masked), 3 the softmax probabilities (as `attn_weights`). */
     mha_tensor *qk_out;
     int qk_mode;
     mha_softmax_precision softmax_precision; /* default MHA_SOFTMAX_F32      */
@@ -459,10 +469,11 @@ typedef struct mha_multihead_options {
 
     mha_masked_rows masked_rows;     /* default MHA_MASKED_ROWS_ZERO        */
 
-    /* need_weights: averaged (B,L,S') or per head (B,H,L,S'),
-     * S' = S + (bias_k != NULL) + add_zero_attn; unbatched drops B. */
-    mha_tensor *weights;             /* NULL: need_weights=False            */
-    int average_weights;             /* default 1                           */
+    /* need_weights: the attention probabilities, averaged (B,L,S') or per
+     * head (B,H,L,S'), S' = S + (bias_k != NULL) + add_zero_attn;
+     * unbatched drops B.  (0.1.0: `weights`, `average_weights`.) */
+    mha_tensor *attn_weights;        /* NULL: need_weights=False            */
+    int average_attn_weights;        /* default 1                           */
 
     int training;
     float dropout_p;
@@ -700,7 +711,7 @@ MHA_API mha_status mha_decoder_forward(mha_tensor *out, const mha_tensor *tgt,
  *   lse (B,Hq,L): the forward's per-row log-sum-exp, or NULL (recomputed):
  *     lse[b,h,i] = log sum_j exp(s_ij), s_ij = scale q_i.k_j + mask bias,
  *     natural log, before dropout; -inf for a fully masked row.
- * opt: as given to the forward (opt->weights is ignored).  opt->kernel REF
+ * opt: as given to the forward (opt->attn_weights is ignored).  opt->kernel REF
  * runs the naive float64 reference (mha_attn_bwd_f32_ref); any other value
  * the fused flash-style backward (tiles recomputing P from lse). */
 MHA_API mha_status mha_sdpa_backward(mha_tensor *dq, mha_tensor *dk, mha_tensor *dv,
@@ -740,8 +751,8 @@ MHA_API mha_status mha_multihead_saved_size(int64_t B, int64_t L, int64_t S, int
 
 /* mha_multihead_forward that also fills `saved` (saved_bytes at least
  * mha_multihead_saved_size()).  Same arguments otherwise; averaged
- * attention weights (opt->weights with average_weights) are
- * MHA_ERR_UNSUPPORTED here (ask for per-head weights or none). */
+ * attention weights (opt->attn_weights with average_attn_weights) are
+ * MHA_ERR_UNSUPPORTED here (ask for per-head attn_weights or none). */
 MHA_API mha_status mha_multihead_forward_train(mha_tensor *out, void *saved, size_t saved_bytes,
                                                const mha_tensor *query, const mha_tensor *key,
                                                const mha_tensor *value,
@@ -1111,9 +1122,9 @@ MHA_API mha_status mha_bert_embed(mha_bert *model, mha_tensor *out, const int32_
 MHA_API mha_status mha_bert_hidden(mha_bert *model, mha_tensor *hidden, const int32_t *ids,
                                    int64_t L, int64_t layer);
 
-/* weights (H,L,L) = the attention probabilities of every head of encoder
+/* attn_weights (H,L,L) = the attention probabilities of every head of encoder
  * layer `layer` (0-based) for one text of L ids (mha viz --model). */
-MHA_API mha_status mha_bert_attention(mha_bert *model, mha_tensor *weights, const int32_t *ids,
+MHA_API mha_status mha_bert_attention(mha_bert *model, mha_tensor *attn_weights, const int32_t *ids,
                                       int64_t L, int64_t layer);
 
 /* ------------------------------------------------------------------------ */

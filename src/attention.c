@@ -150,30 +150,26 @@ mha_status mha_check_causal_top_left(mha_causal causal, const char *who) {
 
 mha_status mha_sdpa_forward(mha_tensor *out, const mha_tensor *q, const mha_tensor *k,
                             const mha_tensor *v, const mha_sdpa_options *opt) {
-    mha_sdpa_options defaults;
-    if (!opt) {
-        mha_sdpa_options_init(&defaults);
-        opt = &defaults;
-    }
+    MHA_OPTIONS_DEFAULT(mha_sdpa_options, opt);
     MHA_CHECK(out != NULL, MHA_ERR_NULL, "out: NULL tensor");
     mha_attn_problem p;
     MHA_TRY(mha_sdpa_problem_init(&p, q, k, v, out, opt));
     char s1[MHA_SHAPE_BUF];
-    if (opt->weights) {
-        MHA_TRY(mha_check_tensor(opt->weights, "weights", 4, MHA_F32));
-        const mha_tensor *w = opt->weights;
+    if (opt->attn_weights) {
+        MHA_TRY(mha_check_tensor(opt->attn_weights, "attn_weights", 4, MHA_F32));
+        const mha_tensor *w = opt->attn_weights;
         MHA_CHECK(w->shape[0] == p.B && w->shape[1] == p.Hq && w->shape[2] == p.L &&
                       w->shape[3] == p.S,
-                  MHA_ERR_SHAPE, "weights: shape %s, want (%lld,%lld,%lld,%lld)",
+                  MHA_ERR_SHAPE, "attn_weights: shape %s, want (%lld,%lld,%lld,%lld)",
                   mha_shape_str(w, s1, sizeof s1), (long long)p.B, (long long)p.Hq,
                   (long long)p.L, (long long)p.S);
-        MHA_TRY(mha_check_writable(w, "weights"));
+        MHA_TRY(mha_check_writable(w, "attn_weights"));
         MHA_CHECK(!mha_tensors_overlap(w, q) && !mha_tensors_overlap(w, k) &&
                       !mha_tensors_overlap(w, v) && !mha_tensors_overlap(w, out) &&
                       !mha_tensors_overlap(w, opt->mask) &&
                       !mha_tensors_overlap(w, opt->key_padding_mask),
-                  MHA_ERR_ALIAS, "weights: overlaps another argument");
-        p.weights = *w;
+                  MHA_ERR_ALIAS, "attn_weights: overlaps another argument");
+        p.attn_weights = *w;
     }
     float *rope_buf = NULL; /* rotated q and k when opt->rope */
     MHA_TRY(mha_attn_check_modern(&p, opt, out, &rope_buf));

@@ -39,7 +39,7 @@ static mha_status sdpa_problem(mha_attn_problem *p, const mha_tensor *q, const m
     float *rope_buf = NULL;
     MHA_TRY(mha_attn_check_modern(p, opt, NULL, &rope_buf));
     mha_free(rope_buf);
-    p->lse = (mha_tensor){0}, p->qk = (mha_tensor){0}, p->weights = (mha_tensor){0};
+    p->lse = (mha_tensor){0}, p->qk = (mha_tensor){0}, p->attn_weights = (mha_tensor){0};
     p->softmax_f64 = false;
     return MHA_OK;
 }
@@ -62,11 +62,7 @@ mha_status mha_sdpa_backward(mha_tensor *dq, mha_tensor *dk, mha_tensor *dv,
                              const mha_tensor *dout, const mha_tensor *out, const mha_tensor *lse,
                              const mha_tensor *q, const mha_tensor *k, const mha_tensor *v,
                              const mha_sdpa_options *opt) {
-    mha_sdpa_options defaults;
-    if (!opt) {
-        mha_sdpa_options_init(&defaults);
-        opt = &defaults;
-    }
+    MHA_OPTIONS_DEFAULT(mha_sdpa_options, opt);
     mha_attn_problem p;
     MHA_TRY(sdpa_problem(&p, q, k, v, opt));
     mha_attn_grad g;

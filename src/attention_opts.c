@@ -35,7 +35,7 @@ static mha_status check_out(const mha_tensor *t, const char *name, int ndim, con
     MHA_CHECK(!mha_tensors_overlap(t, &p->q) && !mha_tensors_overlap(t, &p->k) &&
                   !mha_tensors_overlap(t, &p->v) && !mha_tensors_overlap(t, out) &&
                   !mha_tensors_overlap(t, p->mask.data ? &p->mask : NULL) &&
-                  !mha_tensors_overlap(t, p->weights.data ? &p->weights : NULL),
+                  !mha_tensors_overlap(t, p->attn_weights.data ? &p->attn_weights : NULL),
               MHA_ERR_ALIAS, "%s: overlaps another argument", name);
     return MHA_OK;
 }

@@ -479,7 +479,7 @@ static mha_status attend(float *ctx, int64_t ld_ctx, const float *qkv, int64_t L
     mha_tensor o = {ctx, MHA_F32, 4, {1, H, L, dh}, {L * ld_ctx, dh, ld_ctx, 1}};
     mha_sdpa_options opt;
     mha_sdpa_options_init(&opt);
-    opt.weights = weights;
+    opt.attn_weights = weights;
     return mha_sdpa_forward(&o, &q, &k, &v, &opt);
 }
 
@@ -669,24 +669,25 @@ mha_status mha_bert_hidden(mha_bert *model, mha_tensor *hidden, const int32_t *i
     return MHA_OK;
 }
 
-mha_status mha_bert_attention(mha_bert *model, mha_tensor *weights, const int32_t *ids,
+mha_status mha_bert_attention(mha_bert *model, mha_tensor *attn_weights, const int32_t *ids,
                               int64_t L, int64_t layer) {
     MHA_CHECK(model, MHA_ERR_NULL, "mha_bert_attention: model is NULL");
-    MHA_TRY(mha_check_tensor(weights, "weights", 3, MHA_F32));
+    MHA_TRY(mha_check_tensor(attn_weights, "attn_weights", 3, MHA_F32));
     const int64_t H = model->info.heads;
-    MHA_CHECK(weights->shape[0] == H && weights->shape[1] == L && weights->shape[2] == L,
-              MHA_ERR_SHAPE, "mha_bert_attention: weights must be (%lld,%lld,%lld)",
+    MHA_CHECK(attn_weights->shape[0] == H && attn_weights->shape[1] == L &&
+                  attn_weights->shape[2] == L,
+              MHA_ERR_SHAPE, "mha_bert_attention: attn_weights must be (%lld,%lld,%lld)",
               (long long)H, (long long)L, (long long)L);
     MHA_CHECK(layer >= 0 && layer < model->info.layers, MHA_ERR_VALUE,
               "mha_bert_attention: layer %lld outside 0..%lld", (long long)layer,
               (long long)model->info.layers - 1);
-    MHA_TRY(mha_check_writable(weights, "weights"));
+    MHA_TRY(mha_check_writable(attn_weights, "attn_weights"));
     const int64_t off[2] = {0, L};
     MHA_TRY(check_ids(model, ids, off, 1));
     float *x, *qkv, *h;
     MHA_TRY(workspace(model, L, &x, &qkv, &h));
-    mha_tensor w4 = {weights->data, MHA_F32, 4, {1, H, L, L},
-                     {H * weights->stride[0], weights->stride[0], weights->stride[1],
-                      weights->stride[2]}};
+    mha_tensor w4 = {attn_weights->data, MHA_F32, 4, {1, H, L, L},
+                     {H * attn_weights->stride[0], attn_weights->stride[0], attn_weights->stride[1],
+                      attn_weights->stride[2]}};
     return encode(model, x, qkv, h, ids, off, 1, layer, &w4);
 }

@@ -231,8 +231,9 @@ static mha_status decode_layers(float *h, const mha_decoder_weights *w, mha_deco
 mha_status mha_decoder_decode_step(mha_tensor *out, const mha_tensor *x,
                                    const mha_decoder_weights *w, mha_decoder_cache *c,
                                    const mha_layer_options *opt) {
+    MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     char sb[MHA_SHAPE_BUF];
-    MHA_CHECK(w && c && opt, MHA_ERR_NULL, "decoder decode: NULL argument");
+    MHA_CHECK(w && c, MHA_ERR_NULL, "decoder decode: NULL argument");
     MHA_CHECK(w->num_layers == c->layers && w->layers, MHA_ERR_VALUE,
               "decoder decode: %lld layers but the cache has %lld", (long long)w->num_layers,
               (long long)c->layers);

@@ -29,6 +29,16 @@ mha_status mha_error(mha_status status, const char *fmt, ...) MHA_PRINTF(2, 3);
             return mha_error((status), __VA_ARGS__); \
     } while (0)
 
+/* NULL options mean the defaults (mha.h, OPTIONS): at the top of a public
+ * function taking `const type *opt`, points opt at type_init()'s defaults
+ * when the caller passed NULL. */
+#define MHA_OPTIONS_DEFAULT(type, opt) \
+    type opt##_defaults_;              \
+    if (!(opt)) {                      \
+        type##_init(&opt##_defaults_); \
+        (opt) = &opt##_defaults_;      \
+    }
+
 /* Propagates a failing status. */
 #define MHA_TRY(expr)                      \
     do {                                   \
@@ -160,7 +170,7 @@ typedef struct mha_attn_problem {
     bool dropout;                  /* training && p > 0 */
     float dropout_p;
     uint64_t seed;
-    mha_tensor weights;            /* data NULL when not requested */
+    mha_tensor attn_weights;       /* data NULL when not requested */
 
     /* ---- modern options (src/attention_opts.c); zero = off, so a
      * memset problem keeps the classic semantics ---- */

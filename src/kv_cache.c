@@ -347,11 +347,7 @@ mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q, const mha_
                                 const mha_sdpa_options *opt) {
     char s1[MHA_SHAPE_BUF];
     MHA_TRY(mha_runtime_check());
-    mha_sdpa_options defaults;
-    if (!opt) {
-        mha_sdpa_options_init(&defaults);
-        opt = &defaults;
-    }
+    MHA_OPTIONS_DEFAULT(mha_sdpa_options, opt);
     MHA_CHECK(c, MHA_ERR_NULL, "cache: NULL");
     MHA_TRY(mha_check_tensor(q, "q", 4, MHA_F32));
     MHA_TRY(mha_check_tensor(out, "out", 4, MHA_F32));
@@ -368,7 +364,7 @@ mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q, const mha_
               mha_shape_str(out, s1, sizeof s1), (long long)B, (long long)Hq, (long long)dv);
     MHA_TRY(mha_check_writable(out, "out"));
     MHA_CHECK(!mha_tensors_overlap(out, q), MHA_ERR_ALIAS, "out: overlaps q");
-    MHA_CHECK(!opt->mask && !opt->key_padding_mask && !opt->weights && !opt->qk_out &&
+    MHA_CHECK(!opt->mask && !opt->key_padding_mask && !opt->attn_weights && !opt->qk_out &&
                   opt->causal == MHA_CAUSAL_NONE && opt->window_left == -1 &&
                   opt->window_right == -1 && !opt->kv_lengths && !opt->causal_offsets &&
                   !(opt->training && opt->dropout_p > 0.0f),

@@ -244,6 +244,7 @@ static void bind_layers(mha_model *m) {
 }
 
 mha_status mha_model_create(mha_model **out, const mha_model_config *cfg, uint64_t seed) {
+    MHA_OPTIONS_DEFAULT(mha_model_config, cfg);
     MHA_CHECK(out != NULL, MHA_ERR_NULL, "model: NULL out");
     *out = NULL;
     MHA_TRY(check_config(cfg));

@@ -24,7 +24,7 @@ void mha_multihead_options_init(mha_multihead_options *opt) {
     if (!opt)
         return;
     memset(opt, 0, sizeof *opt);
-    opt->average_weights = 1;
+    opt->average_attn_weights = 1;
     opt->masked_rows = MHA_MASKED_ROWS_ZERO;
     opt->kernel = MHA_KERNEL_AUTO;
 }
@@ -190,23 +190,24 @@ mha_status mha_mh_mask_view(const mh_dims *m, const mha_tensor *t, bool is_kpm,
 }
 
 static mha_status check_weights_out(const mh_dims *m, const mha_multihead_options *opt) {
-    const mha_tensor *t = opt->weights;
+    const mha_tensor *t = opt->attn_weights;
     char sb[MHA_SHAPE_BUF];
     int64_t want[4];
     int n = 0;
     if (m->batched)
         want[n++] = m->B;
-    if (!opt->average_weights)
+    if (!opt->average_attn_weights)
         want[n++] = m->H;
     want[n++] = m->L;
     want[n++] = m->Sx;
-    MHA_TRY(mha_check_tensor(t, "weights", n, MHA_F32));
-    MHA_TRY(mha_check_writable(t, "weights"));
+    MHA_TRY(mha_check_tensor(t, "attn_weights", n, MHA_F32));
+    MHA_TRY(mha_check_writable(t, "attn_weights"));
     for (int i = 0; i < n; i++)
         MHA_CHECK(t->shape[i] == want[i], MHA_ERR_SHAPE,
-                  "weights: shape %s, want %s(%s%sL,S') with L=%lld S'=%lld",
-                  mha_shape_str(t, sb, sizeof sb), opt->average_weights ? "averaged " : "per-head ",
-                  m->batched ? "B," : "", opt->average_weights ? "" : "H,", (long long)m->L,
+                  "attn_weights: shape %s, want %s(%s%sL,S') with L=%lld S'=%lld",
+                  mha_shape_str(t, sb, sizeof sb),
+                  opt->average_attn_weights ? "averaged " : "per-head ",
+                  m->batched ? "B," : "", opt->average_attn_weights ? "" : "H,", (long long)m->L,
                   (long long)m->Sx);
     return MHA_OK;
 }
@@ -337,6 +338,7 @@ mha_status mha_multihead_workspace_floats(int64_t B, int64_t L, int64_t Sx, int6
 mha_status mha_multihead_forward(mha_tensor *out, const mha_tensor *query, const mha_tensor *key,
                                  const mha_tensor *value, const mha_multihead_weights *w,
                                  const mha_multihead_options *opt) {
+    MHA_OPTIONS_DEFAULT(mha_multihead_options, opt);
     return mha_multihead_forward_ws(out, query, key, value, w, opt, NULL, 0, NULL);
 }
 
@@ -361,19 +363,19 @@ mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
                                   opt->attn_mask, opt->key_padding_mask};
     for (size_t i = 0; i < sizeof inputs / sizeof *inputs; i++) {
         MHA_CHECK(!mha_tensors_overlap(out, inputs[i]), MHA_ERR_ALIAS, "out: overlaps an input");
-        if (opt->weights)
-            MHA_CHECK(!mha_tensors_overlap(opt->weights, inputs[i]), MHA_ERR_ALIAS,
-                      "weights: overlaps an input");
+        if (opt->attn_weights)
+            MHA_CHECK(!mha_tensors_overlap(opt->attn_weights, inputs[i]), MHA_ERR_ALIAS,
+                      "attn_weights: overlaps an input");
     }
-    MHA_CHECK(!opt->weights || !mha_tensors_overlap(opt->weights, out), MHA_ERR_ALIAS,
-              "weights: overlaps out");
+    MHA_CHECK(!opt->attn_weights || !mha_tensors_overlap(opt->attn_weights, out), MHA_ERR_ALIAS,
+              "attn_weights: overlaps out");
 
     mha_tensor attn_view = {0}, kpm_view = {0};
     if (opt->attn_mask)
         MHA_TRY(mha_mh_mask_view(&m, opt->attn_mask, false, &attn_view));
     if (opt->key_padding_mask)
         MHA_TRY(mha_mh_mask_view(&m, opt->key_padding_mask, true, &kpm_view));
-    if (opt->weights)
+    if (opt->attn_weights)
         MHA_TRY(check_weights_out(&m, opt));
 
     mha_attn_problem p;
@@ -387,7 +389,7 @@ mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
     int64_t n_qkv, n_attn, n_w = 0;
     MHA_CHECK(mha_product((int64_t[]){m.B, m.R, E3}, 3, &n_qkv) &&
                   mha_product((int64_t[]){m.B, m.L, E}, 3, &n_attn) &&
-                  (!opt->weights || !opt->average_weights ||
+                  (!opt->attn_weights || !opt->average_attn_weights ||
                    mha_product((int64_t[]){m.B, m.H, m.L, m.Sx}, 4, &n_w)),
               MHA_ERR_OVERFLOW, "multihead: workspace size overflows");
     size_t total;
@@ -452,16 +454,16 @@ mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
                     v->shape[i] = i == 0 ? m.B : i == 1 ? m.H : v->shape[i];
 
     /* weights: per head straight into the caller's tensor, or via a buffer */
-    if (opt->weights && !opt->average_weights) {
-        const mha_tensor *t = opt->weights;
+    if (opt->attn_weights && !opt->average_attn_weights) {
+        const mha_tensor *t = opt->attn_weights;
         int o = m.batched ? 1 : 0;
-        p.weights = *t;
-        p.weights.ndim = 4;
-        p.weights.shape[0] = m.B, p.weights.stride[0] = m.batched ? t->stride[0] : 0;
+        p.attn_weights = *t;
+        p.attn_weights.ndim = 4;
+        p.attn_weights.shape[0] = m.B, p.attn_weights.stride[0] = m.batched ? t->stride[0] : 0;
         for (int i = 0; i < 3; i++)
-            p.weights.shape[i + 1] = t->shape[i + o], p.weights.stride[i + 1] = t->stride[i + o];
-    } else if (opt->weights) {
-        mha_tensor_init(&p.weights, MHA_F32, per_head, 4, (int64_t[]){m.B, m.H, m.L, m.Sx});
+            p.attn_weights.shape[i + 1] = t->shape[i + o], p.attn_weights.stride[i + 1] = t->stride[i + o];
+    } else if (opt->attn_weights) {
+        mha_tensor_init(&p.attn_weights, MHA_F32, per_head, 4, (int64_t[]){m.B, m.H, m.L, m.Sx});
     }
 
     if (lse) /* (B,H,L) log-sum-exp rows, for the backward */
@@ -470,7 +472,7 @@ mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
     if (st != MHA_OK)
         goto done;
     if (per_head)
-        average_heads(&m, per_head, opt->weights);
+        average_heads(&m, per_head, opt->attn_weights);
 
     /* step 5: output projection */
     int64_t ldo, bso;

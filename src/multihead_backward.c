@@ -129,13 +129,14 @@ mha_status mha_multihead_forward_train(mha_tensor *out, void *saved, size_t save
                                        const mha_tensor *query, const mha_tensor *key,
                                        const mha_tensor *value, const mha_multihead_weights *w,
                                        const mha_multihead_options *opt) {
+    MHA_OPTIONS_DEFAULT(mha_multihead_options, opt);
     mh_dims m;
     MHA_TRY(mha_mh_check_dims(&m, query, key, value, w, opt));
     MHA_CHECK(saved != NULL, MHA_ERR_NULL, "saved: NULL buffer");
     MHA_CHECK(((uintptr_t)saved % sizeof(float)) == 0, MHA_ERR_VALUE,
               "saved: buffer is not float-aligned");
-    MHA_CHECK(!opt->weights || !opt->average_weights, MHA_ERR_UNSUPPORTED,
-              "weights: averaged attention weights are not served with a saved state "
+    MHA_CHECK(!opt->attn_weights || !opt->average_attn_weights, MHA_ERR_UNSUPPORTED,
+              "attn_weights: averaged attention weights are not served with a saved state "
               "(ask for per-head weights, or call mha_multihead_forward)");
     size_t need;
     int64_t n_qkv, n_attn, n_lse;
@@ -185,6 +186,7 @@ mha_status mha_multihead_backward(mha_tensor *dquery, mha_tensor *dkey, mha_tens
                                   const mha_tensor *key, const mha_tensor *value,
                                   const mha_multihead_weights *w, const mha_multihead_options *opt,
                                   void *workspace, size_t workspace_bytes) {
+    MHA_OPTIONS_DEFAULT(mha_multihead_options, opt);
     mh_dims m;
     MHA_TRY(mha_mh_check_dims(&m, query, key, value, w, opt));
     const int64_t E = m.E, E3 = 3 * E;

@@ -260,11 +260,7 @@ mha_status mha_onnx_attention(mha_tensor *y, mha_tensor *present_key, mha_tensor
                               const mha_tensor *attn_mask, const mha_tensor *past_key,
                               const mha_tensor *past_value, const mha_tensor *nonpad_kv_seqlen,
                               const mha_onnx_attention_options *opt) {
-    mha_onnx_attention_options defaults;
-    if (!opt) {
-        mha_onnx_attention_options_init(&defaults);
-        opt = &defaults;
-    }
+    MHA_OPTIONS_DEFAULT(mha_onnx_attention_options, opt);
     mha_onnx_attention_shapes sh;
     MHA_TRY(mha_onnx_attention_shapes_get(&sh, q, k, v, attn_mask, past_key, past_value,
                                           nonpad_kv_seqlen, opt));

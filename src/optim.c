@@ -48,6 +48,7 @@ static mha_status check_options(const mha_adamw_options *o) {
 }
 
 mha_status mha_adamw_init(mha_adamw *a, int64_t n, const mha_adamw_options *o) {
+    MHA_OPTIONS_DEFAULT(mha_adamw_options, o);
     MHA_CHECK(a != NULL, MHA_ERR_NULL, "adamw: NULL optimiser");
     memset(a, 0, sizeof *a);
     MHA_TRY(check_options(o));

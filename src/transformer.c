@@ -333,6 +333,7 @@ mha_status mha_encoder_layer_forward(mha_tensor *out, const mha_tensor *src,
                                      const mha_encoder_layer_weights *w,
                                      const mha_layer_masks *masks, const mha_layer_options *opt,
                                      void *workspace, size_t workspace_bytes) {
+    MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     mha_encoder_weights stack = {1, w, 0, NULL, NULL};
     MHA_CHECK(w != NULL, MHA_ERR_NULL, "encoder: NULL layer weights");
     return mha_encoder_forward(out, src, &stack, masks, opt, workspace, workspace_bytes);
@@ -342,6 +343,7 @@ mha_status mha_decoder_layer_forward(mha_tensor *out, const mha_tensor *tgt,
                                      const mha_tensor *memory, const mha_decoder_layer_weights *w,
                                      const mha_layer_masks *masks, const mha_layer_options *opt,
                                      void *workspace, size_t workspace_bytes) {
+    MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     mha_decoder_weights stack = {1, w, 0, NULL, NULL};
     MHA_CHECK(w != NULL, MHA_ERR_NULL, "decoder: NULL layer weights");
     return mha_decoder_forward(out, tgt, memory, &stack, masks, opt, workspace, workspace_bytes);
@@ -350,6 +352,7 @@ mha_status mha_decoder_layer_forward(mha_tensor *out, const mha_tensor *tgt,
 mha_status mha_encoder_forward(mha_tensor *out, const mha_tensor *src, const mha_encoder_weights *w,
                                const mha_layer_masks *masks, const mha_layer_options *opt,
                                void *workspace, size_t workspace_bytes) {
+    MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     MHA_CHECK(w != NULL && w->layers != NULL, MHA_ERR_NULL, "encoder: NULL weights");
     MHA_CHECK(w->num_layers >= 1, MHA_ERR_VALUE, "encoder: num_layers %lld, want >= 1",
               (long long)w->num_layers);
@@ -383,6 +386,7 @@ mha_status mha_decoder_forward(mha_tensor *out, const mha_tensor *tgt, const mha
                                const mha_decoder_weights *w, const mha_layer_masks *masks,
                                const mha_layer_options *opt, void *workspace,
                                size_t workspace_bytes) {
+    MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     MHA_CHECK(w != NULL && w->layers != NULL, MHA_ERR_NULL, "decoder: NULL weights");
     MHA_CHECK(memory != NULL, MHA_ERR_NULL, "memory: NULL tensor");
     MHA_CHECK(w->num_layers >= 1, MHA_ERR_VALUE, "decoder: num_layers %lld, want >= 1",
@@ -973,6 +977,7 @@ mha_status mha_encoder_layer_forward_train(mha_tensor *out, void *saved, size_t 
                                            const mha_layer_masks *masks,
                                            const mha_layer_options *opt, void *workspace,
                                            size_t workspace_bytes) {
+    MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     return mha_encoder_layer_forward_train_at(out, saved, saved_bytes, src, w, masks, opt,
                                               workspace, workspace_bytes, 0);
 }
@@ -983,6 +988,7 @@ mha_status mha_decoder_layer_forward_train(mha_tensor *out, void *saved, size_t 
                                            const mha_layer_masks *masks,
                                            const mha_layer_options *opt, void *workspace,
                                            size_t workspace_bytes) {
+    MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     return mha_decoder_layer_forward_train_at(out, saved, saved_bytes, tgt, memory, w, masks, opt,
                                               workspace, workspace_bytes, 0);
 }
@@ -993,6 +999,7 @@ mha_status mha_encoder_layer_backward(mha_tensor *dsrc, const mha_encoder_layer_
                                       const mha_encoder_layer_weights *w,
                                       const mha_layer_masks *masks, const mha_layer_options *opt,
                                       void *workspace, size_t workspace_bytes) {
+    MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     return mha_encoder_layer_backward_at(dsrc, grads, dout, saved, saved_bytes, src, w, masks, opt,
                                          workspace, workspace_bytes, 0);
 }
@@ -1005,6 +1012,7 @@ mha_status mha_decoder_layer_backward(mha_tensor *dtgt, mha_tensor *dmemory,
                                       const mha_decoder_layer_weights *w,
                                       const mha_layer_masks *masks, const mha_layer_options *opt,
                                       void *workspace, size_t workspace_bytes) {
+    MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     return mha_decoder_layer_backward_at(dtgt, dmemory, grads, dout, saved, saved_bytes, tgt,
                                          memory, w, masks, opt, workspace, workspace_bytes, 0);
 }
@@ -1204,6 +1212,7 @@ mha_status mha_encoder_forward_train(mha_tensor *out, void *saved, size_t saved_
                                      const mha_tensor *src, const mha_encoder_weights *w,
                                      const mha_layer_masks *masks, const mha_layer_options *opt,
                                      void *workspace, size_t workspace_bytes) {
+    MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     MHA_CHECK(w != NULL && w->layers != NULL, MHA_ERR_NULL, "encoder: NULL weights");
     return stack_forward_train(out, saved, saved_bytes, src, NULL, w, NULL, masks, opt, workspace,
                                workspace_bytes);
@@ -1214,6 +1223,7 @@ mha_status mha_decoder_forward_train(mha_tensor *out, void *saved, size_t saved_
                                      const mha_decoder_weights *w, const mha_layer_masks *masks,
                                      const mha_layer_options *opt, void *workspace,
                                      size_t workspace_bytes) {
+    MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     MHA_CHECK(w != NULL && w->layers != NULL, MHA_ERR_NULL, "decoder: NULL weights");
     MHA_CHECK(memory != NULL, MHA_ERR_NULL, "memory: NULL tensor");
     return stack_forward_train(out, saved, saved_bytes, tgt, memory, NULL, w, masks, opt,
@@ -1225,6 +1235,7 @@ mha_status mha_encoder_backward(mha_tensor *dsrc, const mha_encoder_grads *grads
                                 const mha_tensor *src, const mha_encoder_weights *w,
                                 const mha_layer_masks *masks, const mha_layer_options *opt,
                                 void *workspace, size_t workspace_bytes) {
+    MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     MHA_CHECK(w != NULL && w->layers != NULL, MHA_ERR_NULL, "encoder: NULL weights");
     return stack_backward(dsrc, NULL, grads ? grads->layers : NULL, NULL,
                           grads ? grads->norm_weight : NULL, grads ? grads->norm_bias : NULL, dout,
@@ -1238,6 +1249,7 @@ mha_status mha_decoder_backward(mha_tensor *dtgt, mha_tensor *dmemory,
                                 const mha_tensor *memory, const mha_decoder_weights *w,
                                 const mha_layer_masks *masks, const mha_layer_options *opt,
                                 void *workspace, size_t workspace_bytes) {
+    MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     MHA_CHECK(w != NULL && w->layers != NULL, MHA_ERR_NULL, "decoder: NULL weights");
     MHA_CHECK(memory != NULL, MHA_ERR_NULL, "memory: NULL tensor");
     return stack_backward(dtgt, dmemory, NULL, grads ? grads->layers : NULL,

@@ -239,7 +239,7 @@ static void sdpa_options(mha_sdpa_options *opt, held *h, PyObject *const *a, int
     opt->training = opt->dropout_p > 0.0f;
     opt->seed = as_u64(a[7], ok);
     opt->masked_rows = as_i64(a[8], ok) ? MHA_MASKED_ROWS_NAN : MHA_MASKED_ROWS_ZERO;
-    opt->weights = view(h, a[9], "weights", 1, ok);
+    opt->attn_weights = view(h, a[9], "weights", 1, ok);
     opt->lse = view(h, a[10], "lse", 1, ok);
     opt->kernel = (mha_kernel)as_i64(a[11], ok);
 }
@@ -278,7 +278,7 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *const *a, Py_ssize_t
     const mha_tensor *k = view(&h, a[7], "key", 0, &ok);
     const mha_tensor *v = view(&h, a[8], "value", 0, &ok);
     sdpa_options(&opt, &h, a + 9, &ok);
-    opt.weights = NULL;
+    opt.attn_weights = NULL;
     FAIL_IF_NOT_OK(&h, ok);
     RUN_RELEASED(&h, mha_sdpa_backward(dq, dk, dv, dout, out, lse, q, k, v, &opt));
 }
@@ -331,8 +331,8 @@ static PyObject *py_multihead(PyObject *self, PyObject *const *a, Py_ssize_t nar
     opt.attn_mask = view(&h, a[8], "attn_mask", 0, &ok);
     opt.causal = (mha_causal)as_i64(a[9], &ok);
     opt.masked_rows = as_i64(a[10], &ok) ? MHA_MASKED_ROWS_NAN : MHA_MASKED_ROWS_ZERO;
-    opt.weights = view(&h, a[11], "attn_output_weights", 1, &ok);
-    opt.average_weights = (int)as_i64(a[12], &ok);
+    opt.attn_weights = view(&h, a[11], "attn_output_weights", 1, &ok);
+    opt.average_attn_weights = (int)as_i64(a[12], &ok);
     opt.training = (int)as_i64(a[13], &ok);
     opt.dropout_p = as_f32(a[14], &ok);
     opt.seed = as_u64(a[15], &ok);

@@ -422,15 +422,15 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
         for (int64_t c = 0; c < dv; c++)
             orow[c * p->o.stride[3]] = dead ? fill : w->o[r * dvp + c] / w->l[r];
     }
-    if (!p->weights.data && !(p->qk.data && p->qk_mode == 3))
+    if (!p->attn_weights.data && !(p->qk.data && p->qk_mode == 3))
         return;
 
     /* weights (and the ONNX mode-3 qk output, the same numbers): a second
      * pass over the blocks with the final m and l */
-    const mha_tensor *wtt = p->weights.data ? &p->weights : &p->qk;
+    const mha_tensor *wtt = p->attn_weights.data ? &p->attn_weights : &p->qk;
     float *wt = (float *)wtt->data + b * wtt->stride[0] + h * wtt->stride[1];
     const int64_t ws3 = wtt->stride[3];
-    float *qt = p->weights.data && p->qk.data && p->qk_mode == 3
+    float *qt = p->attn_weights.data && p->qk.data && p->qk_mode == 3
                     ? (float *)p->qk.data + b * p->qk.stride[0] + h * p->qk.stride[1]
                     : NULL;
     const int64_t qs2 = qt ? p->qk.stride[2] : 0, qs3 = qt ? p->qk.stride[3] : 0;

@@ -26,14 +26,14 @@ static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t 
     const float *k = p->k.data;
     const float *v = p->v.data;
     float *o = p->o.data;
-    float *w = p->weights.data;
+    float *w = p->attn_weights.data;
     float *qk = p->qk.data;
     const int64_t q0 = b * p->q.stride[0] + h * p->q.stride[1] + i * p->q.stride[2];
     const int64_t k0 = b * p->k.stride[0] + hk * p->k.stride[1];
     const int64_t v0 = b * p->v.stride[0] + hk * p->v.stride[1];
     const int64_t o0 = b * p->o.stride[0] + h * p->o.stride[1] + i * p->o.stride[2];
-    const int64_t w0 = w ? b * p->weights.stride[0] + h * p->weights.stride[1] +
-                               i * p->weights.stride[2]
+    const int64_t w0 = w ? b * p->attn_weights.stride[0] + h * p->attn_weights.stride[1] +
+                               i * p->attn_weights.stride[2]
                          : 0;
     const int64_t qk0 = qk ? b * p->qk.stride[0] + h * p->qk.stride[1] + i * p->qk.stride[2] : 0;
     float *lse = p->lse.data
@@ -83,7 +83,7 @@ static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t 
         for (int64_t c = 0; c < p->dv; c++)
             o[o0 + c * p->o.stride[3]] = fill;
         for (int64_t j = 0; w && j < p->S; j++)
-            w[w0 + j * p->weights.stride[3]] = fill;
+            w[w0 + j * p->attn_weights.stride[3]] = fill;
         for (int64_t j = 0; qk && !all_scores && j < p->S; j++)
             qk[qk0 + j * p->qk.stride[3]] = fill;
         if (lse)
@@ -112,7 +112,7 @@ static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t 
     for (int64_t j = 0; j < p->S; j++) {
         if (scores[j] == -INFINITY) { /* masked: weight 0, skipped below */
             if (w)
-                w[w0 + j * p->weights.stride[3]] = 0.0f;
+                w[w0 + j * p->attn_weights.stride[3]] = 0.0f;
             if (qk && !all_scores)
                 qk[qk0 + j * p->qk.stride[3]] = 0.0f;
             continue;
@@ -122,7 +122,7 @@ static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t 
             pj = mha_dropout_uniform(p->seed, b, h, i, j) < p->dropout_p ? 0.0 : pj * keep_scale;
         scores[j] = pj;
         if (w)
-            w[w0 + j * p->weights.stride[3]] = (float)pj;
+            w[w0 + j * p->attn_weights.stride[3]] = (float)pj;
         if (qk && !all_scores)
             qk[qk0 + j * p->qk.stride[3]] = (float)pj;
     }

@@ -191,6 +191,7 @@ mha_status mha_ring_encoder_layer_forward(MPI_Comm comm, mha_tensor *out, const 
                                           const mha_encoder_layer_weights *w,
                                           const mha_layer_options *opt, mha_causal causal,
                                           mha_ring_layout layout) {
+    MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     mha_status st = check_local(out, "out", src, w, opt);
     if (st == MHA_OK)
         st = mha_check_causal_top_left(causal, "ring encoder");
@@ -355,6 +356,7 @@ mha_status mha_ring_encoder_layer_backward(MPI_Comm comm, mha_tensor *dsrc,
                                            const mha_encoder_layer_weights *w,
                                            const mha_layer_options *opt, mha_causal causal,
                                            mha_ring_layout layout) {
+    MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     mha_tensor fwd_out;
     mha_status st = check_local(dsrc, "dsrc", src, w, opt);
     if (st == MHA_OK)

@@ -334,7 +334,6 @@ static mha_status check_output(const mha_tensor *t, const char *name,
 static mha_status check_inputs(ring *R, const mha_tensor *q, const mha_tensor *k,
                                const mha_tensor *v, const mha_ring_options *opt) {
     char s1[MHA_SHAPE_BUF], s2[MHA_SHAPE_BUF];
-    MHA_CHECK(opt, MHA_ERR_NULL, "opt: NULL (use mha_ring_options_init)");
     MHA_TRY(mha_check_tensor(q, "q", 4, MHA_F32));
     MHA_TRY(mha_check_tensor(k, "k", 4, MHA_F32));
     MHA_TRY(mha_check_tensor(v, "v", 4, MHA_F32));
@@ -355,7 +354,7 @@ static mha_status check_inputs(ring *R, const mha_tensor *q, const mha_tensor *k
     const mha_sdpa_options *o = &opt->sdpa;
     MHA_CHECK(opt->layout == MHA_RING_CONTIGUOUS || opt->layout == MHA_RING_ZIGZAG,
               MHA_ERR_VALUE, "layout: unknown layout %d", (int)opt->layout);
-    MHA_CHECK(!o->mask && !o->key_padding_mask && !o->weights && !o->qk_out && !o->alibi_slopes &&
+    MHA_CHECK(!o->mask && !o->key_padding_mask && !o->attn_weights && !o->qk_out && !o->alibi_slopes &&
                   !o->sinks && !o->causal_offsets && !o->lse,
               MHA_ERR_UNSUPPORTED,
               "sdpa: mask, key_padding_mask, weights, qk_out, alibi_slopes, sinks, "
@@ -597,6 +596,7 @@ static void forward_finish(const ring *R, fwd_state *F, mha_tensor *lse, mha_mas
 mha_status mha_ring_attention_forward(MPI_Comm comm, mha_tensor *out, mha_tensor *lse,
                                       const mha_tensor *q, const mha_tensor *k,
                                       const mha_tensor *v, const mha_ring_options *opt) {
+    MHA_OPTIONS_DEFAULT(mha_ring_options, opt);
     const double t0 = MPI_Wtime();
     ring R;
     int64_t n = 0;
@@ -733,6 +733,7 @@ mha_status mha_ring_attention_backward(MPI_Comm comm, mha_tensor *dq, mha_tensor
                                        const mha_tensor *out, const mha_tensor *lse,
                                        const mha_tensor *q, const mha_tensor *k,
                                        const mha_tensor *v, const mha_ring_options *opt) {
+    MHA_OPTIONS_DEFAULT(mha_ring_options, opt);
     const double t0 = MPI_Wtime();
     ring R;
     int64_t n = 0;

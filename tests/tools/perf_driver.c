@@ -33,7 +33,7 @@ static int sdpa(mha_kernel kernel, int with_weights) {
     opt.kernel = kernel;
     opt.causal = MHA_CAUSAL_BOTTOM_RIGHT;
     if (with_weights)
-        opt.weights = &W;
+        opt.attn_weights = &W;
     mha_status st = mha_sdpa_forward(&O, &Q, &K, &V, &opt);
     if (st == MHA_ERR_UNSUPPORTED)
         return 2;

@@ -156,7 +156,7 @@ TEST(modern_fused_kernels_match_reference_on_every_option) {
             op.lse = &LSE;
             op.qk_out = &QK, op.qk_mode = 3;
             if (combo & 1)
-                op.weights = &W;
+                op.attn_weights = &W;
             if (combo & 2)
                 op.causal = MHA_CAUSAL_OFFSET, op.causal_offsets = &Os;
             else

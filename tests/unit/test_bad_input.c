@@ -240,7 +240,7 @@ TEST(bad_input_nan_inf_in_masked_keys_values_do_not_leak) {
             } else {
                 c.opt.causal = ref.opt.causal = MHA_CAUSAL_TOP_LEFT;
             }
-            c.opt.weights = &c.w, ref.opt.weights = &ref.w;
+            c.opt.attn_weights = &c.w, ref.opt.attn_weights = &ref.w;
             for (int64_t b = 0; b < 2; b++) {
                 for (int64_t x = 0; x < 4; x++)
                     c.kd[(b * 7 + j) * 4 + x] = x % 2 ? NAN : INFINITY;
@@ -315,7 +315,7 @@ TEST(bad_input_logits_1e4_do_not_overflow) {
         sdpa_case ref;
         sdpa_make(&ref, 2, 2, 2, 9, 11, 4, 5, MHA_KERNEL_REF);
         ref.opt.scale_set = 1, ref.opt.scale = scales[si];
-        ref.opt.weights = &ref.w;
+        ref.opt.attn_weights = &ref.w;
         if (si == 2) /* |q.k| <= 1: logits up to 1e4 exactly */
             for (int64_t x = 0; x < 2 * 2 * 9 * 4; x++)
                 ref.qd[x] = 0.5f * (float)((x % 3) - 1);
@@ -343,7 +343,7 @@ TEST(bad_input_logits_1e4_do_not_overflow) {
             sdpa_make(&c, 2, 2, 2, 9, 11, 4, 5, kernels[kk]);
             memcpy(c.qd, ref.qd, sizeof(float) * 2 * 2 * 9 * 4);
             memcpy(c.kd, ref.kd, sizeof(float) * 2 * 2 * 11 * 4);
-            c.opt = ref.opt, c.opt.kernel = kernels[kk], c.opt.weights = &c.w;
+            c.opt = ref.opt, c.opt.kernel = kernels[kk], c.opt.attn_weights = &c.w;
             mha_status st = sdpa_run(&c);
             bool ok = all_finite(c.od, 2 * 2 * 9 * 5) && all_finite(c.wd, 2 * 2 * 9 * 11);
             for (int64_t r = 0; ok && r < 2 * 2 * 9; r++) {
@@ -379,7 +379,7 @@ TEST(bad_input_fully_masked_rows_zero_or_nan) {
             mha_tensor m;
             mha_tensor_init(&m, MHA_BOOL, mb, 2, (int64_t[]){4, 5});
             c.opt.mask = &m;
-            c.opt.weights = &c.w;
+            c.opt.attn_weights = &c.w;
             c.opt.masked_rows = policy ? MHA_MASKED_ROWS_NAN : MHA_MASKED_ROWS_ZERO;
             mha_status st = sdpa_run(&c);
             bool ok = true;
@@ -419,7 +419,7 @@ TEST(bad_input_empty_dimensions) {
         for (int policy = 0; policy < 2; policy++) {
             sdpa_make(&c, 2, 2, 1, 3, 0, 2, 2, kernels[kk]);
             c.opt.masked_rows = policy ? MHA_MASKED_ROWS_NAN : MHA_MASKED_ROWS_ZERO;
-            c.opt.weights = &c.w;
+            c.opt.attn_weights = &c.w;
             mha_status st = sdpa_run(&c);
             EXPECT_OK(area, policy ? "S = 0, MHA_MASKED_ROWS_NAN" : "S = 0", st,
                       policy ? all_nan(c.od, 12) : all_zero(c.od, 12),
@@ -493,7 +493,7 @@ TEST(bad_input_shapes_heads_masks_dtypes) {
                "key_padding_mask:");
     c.opt.key_padding_mask = NULL;
     bad = c.w, bad.shape[3] = 4;
-    c.opt.weights = &bad;
+    c.opt.attn_weights = &bad;
     EXPECT_ERR("sdpa", "weights (2,4,4,4) for S = 5", sdpa_run(&c), MHA_ERR_SHAPE, "weights:");
     bad = c.w, bad.dtype = MHA_BOOL;
     EXPECT_ERR("sdpa", "weights of dtype bool", sdpa_run(&c), MHA_ERR_DTYPE, "weights:");
@@ -570,7 +570,7 @@ TEST(bad_input_output_overlapping_input) {
                "out:");
     mha_tensor w = c.w;
     w.data = c.od;
-    c.opt.weights = &w;
+    c.opt.attn_weights = &w;
     EXPECT_ERR("sdpa", "weights overlap out", sdpa_run(&c), MHA_ERR_ALIAS, "weights:");
     w.data = c.qd + 1;
     EXPECT_ERR("sdpa", "weights overlap q", sdpa_run(&c), MHA_ERR_ALIAS, "weights:");
@@ -579,19 +579,19 @@ TEST(bad_input_output_overlapping_input) {
     mha_tensor_init(&m, MHA_F32, mf, 4, (int64_t[]){1, 2, 3, 3});
     memset(mf, 0, sizeof mf);
     c.opt.mask = &m;
-    c.opt.weights = NULL;
+    c.opt.attn_weights = NULL;
     o = c.o, o.data = mf;
     EXPECT_ERR("sdpa", "out overlaps mask", mha_sdpa_forward(&o, &c.q, &c.k, &c.v, &c.opt),
                MHA_ERR_ALIAS, "out:");
     w = c.w, w.data = mf;
-    c.opt.weights = &w;
+    c.opt.attn_weights = &w;
     EXPECT_ERR("sdpa", "weights overlap mask", sdpa_run(&c), MHA_ERR_ALIAS, "weights:");
     c.opt.mask = NULL;
     w = c.w, w.stride[2] = 0;
-    c.opt.weights = &w;
+    c.opt.attn_weights = &w;
     EXPECT_ERR("sdpa", "weights with stride 0 on L (a broadcast view)", sdpa_run(&c),
                MHA_ERR_ALIAS, "weights:");
-    c.opt.weights = NULL;
+    c.opt.attn_weights = NULL;
     o = c.o, o.stride[1] = 0;
     EXPECT_ERR("sdpa", "out with stride 0 on H (a broadcast view)",
                mha_sdpa_forward(&o, &c.q, &c.k, &c.v, NULL), MHA_ERR_ALIAS, "out:");
@@ -634,7 +634,7 @@ TEST(bad_input_null_pointers_sdpa_tensor_files) {
                "key_padding_mask: NULL data");
     c.opt.key_padding_mask = NULL;
     bad = c.w, bad.data = NULL;
-    c.opt.weights = &bad;
+    c.opt.attn_weights = &bad;
     EXPECT_ERR("sdpa", "weights.data NULL", sdpa_run(&c), MHA_ERR_NULL, "weights: NULL data");
     sdpa_free(&c);
     mha_sdpa_options_init(NULL); /* harmless */
@@ -817,7 +817,7 @@ TEST(bad_input_multihead) {
         mb[x] = x >= 5;
     mha_tensor_init(&m, MHA_BOOL, mb, 2, (int64_t[]){2, 5});
     c.opt.key_padding_mask = &m;
-    c.opt.weights = &c.Wts;
+    c.opt.attn_weights = &c.Wts;
     mha_status st = mh_run(&c);
     bool ok = all_finite(c.o, 24) && all_zero(c.wts + 20, 20);
     for (int i = 0; i < 4; i++)
@@ -829,7 +829,7 @@ TEST(bad_input_multihead) {
               all_nan(c.o + 24, 24) && all_nan(c.wts + 20, 20) && all_finite(c.o, 24),
               "batch 1 output and weights NaN (PyTorch), batch 0 finite");
     c.opt.masked_rows = MHA_MASKED_ROWS_ZERO;
-    c.opt.key_padding_mask = NULL, c.opt.weights = NULL;
+    c.opt.key_padding_mask = NULL, c.opt.attn_weights = NULL;
 
     /* empty dimensions */
     mha_tensor X0 = c.X, K0 = c.K, O0 = c.O;
@@ -877,9 +877,9 @@ TEST(bad_input_multihead) {
     EXPECT_ERR("multihead", "out (2,4,5)",
                mha_multihead_forward(&bad, &c.X, &c.K, &c.K, &c.w, &c.opt), MHA_ERR_SHAPE, "out");
     bad = c.Wts, bad.shape[2] = 4;
-    c.opt.weights = &bad;
+    c.opt.attn_weights = &bad;
     EXPECT_ERR("multihead", "weights (2,4,4) for S = 5", mh_run(&c), MHA_ERR_SHAPE, "weights");
-    c.opt.weights = NULL;
+    c.opt.attn_weights = NULL;
 
     /* overflow: broadcast query of batch 2^62 */
     mha_tensor hx = c.X, hk = c.K, ho = c.O;
@@ -899,11 +899,11 @@ TEST(bad_input_multihead) {
     EXPECT_ERR("multihead", "out overlaps in_proj_weight",
                mha_multihead_forward(&bad, &c.X, &c.K, &c.K, &c.w, &c.opt), MHA_ERR_ALIAS, "out");
     bad = c.Wts, bad.data = c.o;
-    c.opt.weights = &bad;
+    c.opt.attn_weights = &bad;
     EXPECT_ERR("multihead", "weights overlap out", mh_run(&c), MHA_ERR_ALIAS, "weights");
     bad.data = c.kx;
     EXPECT_ERR("multihead", "weights overlap key", mh_run(&c), MHA_ERR_ALIAS, "weights");
-    c.opt.weights = NULL;
+    c.opt.attn_weights = NULL;
 
     /* NULL pointers */
     EXPECT_ERR("multihead", "out NULL", mha_multihead_forward(NULL, &c.X, &c.K, &c.K, &c.w, &c.opt),
@@ -916,8 +916,10 @@ TEST(bad_input_multihead) {
                mha_multihead_forward(&c.O, &c.X, &c.K, NULL, &c.w, &c.opt), MHA_ERR_NULL, "value");
     EXPECT_ERR("multihead", "weights struct NULL",
                mha_multihead_forward(&c.O, &c.X, &c.K, &c.K, NULL, &c.opt), MHA_ERR_NULL, "w:");
+    /* NULL options are the defaults (0.2.0), whose num_heads 0 is refused */
     EXPECT_ERR("multihead", "options NULL",
-               mha_multihead_forward(&c.O, &c.X, &c.K, &c.K, &c.w, NULL), MHA_ERR_NULL, "opt:");
+               mha_multihead_forward(&c.O, &c.X, &c.K, &c.K, &c.w, NULL), MHA_ERR_VALUE,
+               "num_heads");
     c.w.in_proj_weight = NULL;
     EXPECT_ERR("multihead", "in_proj_weight NULL and no q/k/v_proj_weight", mh_run(&c),
                MHA_ERR_NULL, "in_proj_weight");
@@ -1014,9 +1016,9 @@ TEST(bad_input_layers) {
                mha_encoder_layer_forward(&src, &src, &ew, NULL, &lo, NULL, 0), MHA_ERR_VALUE,
                "dropout_p");
     lo.dropout_p = 0.0f;
-    EXPECT_ERR("layers", "encoder layer: options NULL",
-               mha_encoder_layer_forward(&src, &src, &ew, NULL, NULL, NULL, 0), MHA_ERR_NULL,
-               "options");
+    EXPECT_ERR("layers", "encoder layer: options NULL (the defaults: num_heads 0)",
+               mha_encoder_layer_forward(&src, &src, &ew, NULL, NULL, NULL, 0), MHA_ERR_VALUE,
+               "num_heads");
     EXPECT_ERR("layers", "encoder layer: weights NULL",
                mha_encoder_layer_forward(&src, &src, NULL, NULL, &lo, NULL, 0), MHA_ERR_NULL,
                "weights");

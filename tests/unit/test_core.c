@@ -166,7 +166,7 @@ TEST(core_weights_rows_are_distributions) {
     REQUIRE_OK(mha_tensor_alloc(&w, MHA_F32, 4, (int64_t[]){2, 2, 6, 11}));
     mha_sdpa_options opt;
     mha_sdpa_options_init(&opt);
-    opt.weights = &w;
+    opt.attn_weights = &w;
     opt.causal = MHA_CAUSAL_BOTTOM_RIGHT;
     REQUIRE_OK(mha_sdpa_forward(&c.out, &c.q, &c.k, &c.v, &opt));
     const float *p = w.data;
@@ -195,12 +195,12 @@ TEST(core_dropout_is_seeded_and_unbiased) {
     REQUIRE_OK(mha_tensor_alloc(&w1, MHA_F32, 4, (int64_t[]){2, 2, 32, 64}));
     mha_sdpa_options opt;
     mha_sdpa_options_init(&opt);
-    opt.weights = &w0;
+    opt.attn_weights = &w0;
     opt.dropout_p = 0.25f;
     opt.seed = 1234;
     REQUIRE_OK(mha_sdpa_forward(&c.out, &c.q, &c.k, &c.v, &opt)); /* not training */
     opt.training = 1;
-    opt.weights = &w1;
+    opt.attn_weights = &w1;
     REQUIRE_OK(mha_sdpa_forward(&c.out, &c.q, &c.k, &c.v, &opt));
     const float *a = w0.data, *b = w1.data;
     size_t n = 2 * 2 * 32 * 64, kept = 0;

@@ -55,9 +55,9 @@ static mha_status sdpa_once(mha_kernel kernel, int variant, float *out, float *w
     opt.kernel = kernel;
     if (variant == 1) {
         opt.mask = &m, opt.key_padding_mask = &kp, opt.causal = MHA_CAUSAL_BOTTOM_RIGHT;
-        opt.weights = &w;
+        opt.attn_weights = &w;
     } else if (variant == 2) {
-        opt.training = 1, opt.dropout_p = 0.3f, opt.seed = 1234, opt.weights = &w;
+        opt.training = 1, opt.dropout_p = 0.3f, opt.seed = 1234, opt.attn_weights = &w;
     }
     return mha_sdpa_forward(&o, &q, &k, &v, &opt);
 }
@@ -161,7 +161,7 @@ static mha_status mh_once(int variant, mha_kernel kernel, float *out, float *wei
     opt.key_padding_mask = &md.Kpm;
     opt.training = 1, opt.dropout_p = 0.2f, opt.seed = 99;
     mha_tensor_init(&Wt, MHA_F32, weights, 3, (int64_t[]){MB, ML - 1, MS + 2});
-    opt.weights = &Wt;
+    opt.attn_weights = &Wt;
     return mha_multihead_forward(&O, &X, &md.KV, &md.KV, &w, &opt);
 }
 

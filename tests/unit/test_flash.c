@@ -188,7 +188,7 @@ static bool run_case(const fcase *c, mha_kernel kernel, int threads, fout *res) 
         for (size_t i = 0; i < n; i++)
             w[i] = 123.0f; /* every element must be written */
         mha_tensor_init(&W, MHA_F32, w, 4, ws);
-        opt.weights = &W;
+        opt.attn_weights = &W;
     }
 #undef RND
     mha_set_num_threads(threads);

@@ -24,7 +24,7 @@ TEST(modern_qk_modes_match_their_definitions) {
         mha_sdpa_options o;
         mha_sdpa_options_init(&o);
         o.softcap = 2.0f, o.mask = &M, o.causal = MHA_CAUSAL_BOTTOM_RIGHT;
-        o.qk_out = &QK, o.qk_mode = mode, o.weights = &W;
+        o.qk_out = &QK, o.qk_mode = mode, o.attn_weights = &W;
         REQUIRE_OK(mha_sdpa_forward(&O, &Q, &K, &V, &o));
         double worst = 0;
         for (int b = 0; b < B; b++)

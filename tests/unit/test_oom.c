@@ -117,7 +117,7 @@ static void sdpa_setup(sdpa_ctx *c, mha_kernel kernel, bool masks, bool weights)
         c->opt.causal = MHA_CAUSAL_BOTTOM_RIGHT;
     }
     if (weights)
-        c->opt.weights = &c->w;
+        c->opt.attn_weights = &c->w;
 }
 
 static void sdpa_teardown(sdpa_ctx *c) {
@@ -269,12 +269,12 @@ static void mh_setup(mh_ctx *c, int variant, mha_kernel kernel) {
     if (variant & 8) {
         int64_t ws[3] = {B, L, Sx};
         mh_tensor(c, &c->wts, nd, ws + o);
-        c->opt.weights = &c->wts;
+        c->opt.attn_weights = &c->wts;
     } else if (variant & 16) {
         int64_t ws[4] = {B, 2, L, Sx};
         mh_tensor(c, &c->wts, ub ? 3 : 4, ws + o);
-        c->opt.weights = &c->wts;
-        c->opt.average_weights = 0;
+        c->opt.attn_weights = &c->wts;
+        c->opt.average_attn_weights = 0;
     }
 }
 

@@ -43,7 +43,7 @@ static void run_mha_case(const char *name) {
     opt.key_padding_mask = p[KPM];
     opt.attn_mask = p[AM];
     opt.causal = (int)fixture_int(&f, "causal");
-    opt.average_weights = (int)fixture_int(&f, "average_weights");
+    opt.average_attn_weights = (int)fixture_int(&f, "average_weights");
     opt.masked_rows = !strcmp(fixture_str(&f, "masked_rows"), "nan") ? MHA_MASKED_ROWS_NAN
                                                                        : MHA_MASKED_ROWS_ZERO;
     mha_tensor out, weights;
@@ -54,7 +54,7 @@ static void run_mha_case(const char *name) {
         mha_tensor_free(&out);
         goto done;
     }
-    opt.weights = need_weights ? &weights : NULL;
+    opt.attn_weights = need_weights ? &weights : NULL;
     const mha_tensor *key = self ? p[Q] : p[K], *value = self ? p[Q] : p[V];
     mha_status st = mha_multihead_forward(&out, p[Q], key, value, &w, &opt);
     if (st != MHA_OK) {
@@ -111,7 +111,7 @@ static void run_sdpa_case(const char *name) {
     /* once without weights (the fused path), once with */
     CHECK_STATUS(mha_sdpa_forward(&out, &q, &k, &v, &opt), MHA_OK);
     fixture_compare(name, "out", out.data, &ref, PARITY_TOL, &worst_sdpa);
-    opt.weights = &weights;
+    opt.attn_weights = &weights;
     CHECK_STATUS(mha_sdpa_forward(&out, &q, &k, &v, &opt), MHA_OK);
     fixture_compare(name, "out (with weights)", out.data, &ref, PARITY_TOL, &worst_sdpa);
     fixture_compare(name, "weights", weights.data, &wref, PARITY_TOL, &worst_sdpa);

@@ -26,7 +26,7 @@ static double now_ms(void) {
 
 static mha_tensor make(int ndim, const int64_t *shape, uint64_t seed, float std, float add) {
     mha_tensor t;
-    mha_tensor_alloc(&t, MHA_F32, ndim, shape);
+    mha_tensor_create(&t, MHA_F32, ndim, shape);
     int64_t n = 1;
     for (int i = 0; i < ndim; i++)
         n *= shape[i];

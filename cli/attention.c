@@ -56,7 +56,7 @@ static const char *const path_opt[NPATH] = {
 
 /* A float input: Q, K, V, past_key, past_value. */
 static int load_float(const char *opt, const char *path, mha_tensor *t, mha_dtype *fd) {
-    mha_status st = mha_npy_load_any(path, 0, t, fd);
+    mha_status st = mha_npy_load_any(t, fd, path, 0);
     if (st != MHA_OK)
         return cli_input_fail("attention", opt, st);
     if (t->dtype != MHA_F32 || t->ndim < 3) {
@@ -174,11 +174,11 @@ int cli_attention(int argc, char **argv) {
         if (!path[k])
             continue;
         if (k == IN_MASK) {
-            mha_status st = mha_npy_load_any(path[k], 0, &in[k], &fd[k]);
+            mha_status st = mha_npy_load_any(&in[k], &fd[k], path[k], 0);
             if (st != MHA_OK)
                 rc = cli_input_fail(cmd, path_opt[k], st);
         } else if (k == IN_NONPAD) {
-            mha_status st = mha_npy_load(path[k], MHA_I64, &in[k]);
+            mha_status st = mha_npy_load(&in[k], path[k], MHA_I64);
             if (st != MHA_OK)
                 rc = cli_input_fail(cmd, path_opt[k], st);
         } else {
@@ -211,7 +211,7 @@ int cli_attention(int argc, char **argv) {
     for (int o = 0; rc == CLI_OK && o < 4; o++) {
         if (!path[OUT_Y + o])
             continue;
-        mha_status st = mha_tensor_alloc(&out[o], MHA_F32, o == 0 ? sh.y_ndim : 4, shapes[o]);
+        mha_status st = mha_tensor_create(&out[o], MHA_F32, o == 0 ? sh.y_ndim : 4, shapes[o]);
         if (st != MHA_OK)
             rc = cli_fail(cmd, st, NULL);
     }
@@ -228,7 +228,7 @@ int cli_attention(int argc, char **argv) {
     for (int o = 0; rc == CLI_OK && o < 4; o++) {
         if (!path[OUT_Y + o])
             continue;
-        if (mha_npy_save(path[OUT_Y + o], &out[o], as[o] == MHA_F16 ? MHA_F16 : MHA_F32) !=
+        if (mha_npy_save(&out[o], path[OUT_Y + o], as[o] == MHA_F16 ? MHA_F16 : MHA_F32) !=
             MHA_OK) {
             fprintf(stderr, "mha %s: %s\n", cmd, mha_last_error());
             rc = CLI_INTERNAL;

@@ -211,10 +211,10 @@ static int bench_attention(const bench_cfg *cfg, const bench_case *c) {
     attn_ctx a;
     memset(&a, 0, sizeof a);
     mha_status st;
-    if ((st = mha_tensor_alloc(&a.q, MHA_F32, 4, qs)) != MHA_OK ||
-        (st = mha_tensor_alloc(&a.k, MHA_F32, 4, ks)) != MHA_OK ||
-        (st = mha_tensor_alloc(&a.v, MHA_F32, 4, ks)) != MHA_OK ||
-        (st = mha_tensor_alloc(&a.o, MHA_F32, 4, qs)) != MHA_OK) {
+    if ((st = mha_tensor_create(&a.q, MHA_F32, 4, qs)) != MHA_OK ||
+        (st = mha_tensor_create(&a.k, MHA_F32, 4, ks)) != MHA_OK ||
+        (st = mha_tensor_create(&a.v, MHA_F32, 4, ks)) != MHA_OK ||
+        (st = mha_tensor_create(&a.o, MHA_F32, 4, qs)) != MHA_OK) {
         mha_tensor_free(&a.q), mha_tensor_free(&a.k), mha_tensor_free(&a.v);
         return cli_fail(cmd, st, "allocating the case");
     }
@@ -355,7 +355,7 @@ static int bench_attention_bwd(const bench_cfg *cfg, const bench_case *c) {
     mha_status st = MHA_OK;
     int rc = CLI_OK;
     for (size_t t = 0; t < sizeof all / sizeof *all && st == MHA_OK; t++)
-        st = mha_tensor_alloc(all[t], MHA_F32, shapes[t] == ls ? 3 : 4, shapes[t]);
+        st = mha_tensor_create(all[t], MHA_F32, shapes[t] == ls ? 3 : 4, shapes[t]);
     if (st != MHA_OK) {
         rc = cli_fail(cmd, st, "allocating the case");
         goto done;
@@ -465,12 +465,12 @@ static int bench_mha(const bench_cfg *cfg, const bench_case *c) {
     mha_ctx m;
     memset(&m, 0, sizeof m);
     mha_status st;
-    if ((st = mha_tensor_alloc(&m.x, MHA_F32, 3, xs)) != MHA_OK ||
-        (st = mha_tensor_alloc(&m.out, MHA_F32, 3, xs)) != MHA_OK ||
-        (st = mha_tensor_alloc(&m.w_in, MHA_F32, 2, wi)) != MHA_OK ||
-        (st = mha_tensor_alloc(&m.b_in, MHA_F32, 1, bi)) != MHA_OK ||
-        (st = mha_tensor_alloc(&m.w_out, MHA_F32, 2, wo)) != MHA_OK ||
-        (st = mha_tensor_alloc(&m.b_out, MHA_F32, 1, bo)) != MHA_OK) {
+    if ((st = mha_tensor_create(&m.x, MHA_F32, 3, xs)) != MHA_OK ||
+        (st = mha_tensor_create(&m.out, MHA_F32, 3, xs)) != MHA_OK ||
+        (st = mha_tensor_create(&m.w_in, MHA_F32, 2, wi)) != MHA_OK ||
+        (st = mha_tensor_create(&m.b_in, MHA_F32, 1, bi)) != MHA_OK ||
+        (st = mha_tensor_create(&m.w_out, MHA_F32, 2, wo)) != MHA_OK ||
+        (st = mha_tensor_create(&m.b_out, MHA_F32, 1, bo)) != MHA_OK) {
         mha_tensor_free(&m.x), mha_tensor_free(&m.out), mha_tensor_free(&m.w_in);
         mha_tensor_free(&m.b_in), mha_tensor_free(&m.w_out);
         return cli_fail(cmd, st, "allocating the case");
@@ -505,12 +505,12 @@ static int bench_mha(const bench_cfg *cfg, const bench_case *c) {
     qwin.data = (float *)m.x.data + i0 * E;
     qwin.shape[1] = rows;
     float *mk = NULL;
-    if ((st = mha_tensor_alloc(&rout, MHA_F32, 3, ws)) != MHA_OK) {
+    if ((st = mha_tensor_create(&rout, MHA_F32, 3, ws)) != MHA_OK) {
         rc = cli_fail(cmd, st, "allocating the reference window");
         goto done;
     }
     if (c->causal) {
-        if ((st = mha_tensor_alloc(&m.mask, MHA_F32, 2, ms2)) != MHA_OK) {
+        if ((st = mha_tensor_create(&m.mask, MHA_F32, 2, ms2)) != MHA_OK) {
             rc = cli_fail(cmd, st, "allocating the mask");
             goto done2;
         }
@@ -631,17 +631,17 @@ static int bench_mha_bwd(const bench_cfg *cfg, const bench_case *c) {
         const int64_t *sh[] = {xs, xs, wi, bi, wo, bo, xs};
         const int nd[] = {3, 3, 2, 1, 2, 1, 3};
         for (int i = 0; i < 7 && st == MHA_OK; i++)
-            st = mha_tensor_alloc(all[i], MHA_F32, nd[i], sh[i]);
+            st = mha_tensor_create(all[i], MHA_F32, nd[i], sh[i]);
         if (st == MHA_OK)
             st = mha_multihead_saved_size(c->B, L, L, E, c->H, 0, 0, &t[u].saved_bytes);
         if (st == MHA_OK && !(t[u].saved = malloc(t[u].saved_bytes)))
             st = MHA_ERR_NOMEM;
     }
-    if (st != MHA_OK || (st = mha_tensor_alloc(&m->x, MHA_F32, 3, xs)) != MHA_OK ||
-        (st = mha_tensor_alloc(&m->w_in, MHA_F32, 2, wi)) != MHA_OK ||
-        (st = mha_tensor_alloc(&m->b_in, MHA_F32, 1, bi)) != MHA_OK ||
-        (st = mha_tensor_alloc(&m->w_out, MHA_F32, 2, wo)) != MHA_OK ||
-        (st = mha_tensor_alloc(&m->b_out, MHA_F32, 1, bo)) != MHA_OK) {
+    if (st != MHA_OK || (st = mha_tensor_create(&m->x, MHA_F32, 3, xs)) != MHA_OK ||
+        (st = mha_tensor_create(&m->w_in, MHA_F32, 2, wi)) != MHA_OK ||
+        (st = mha_tensor_create(&m->b_in, MHA_F32, 1, bi)) != MHA_OK ||
+        (st = mha_tensor_create(&m->w_out, MHA_F32, 2, wo)) != MHA_OK ||
+        (st = mha_tensor_create(&m->b_out, MHA_F32, 1, bo)) != MHA_OK) {
         rc = cli_fail(cmd, st, "allocating the case");
         goto done;
     }

@@ -45,13 +45,13 @@ static int run_case(int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t d, int
     int rc = CLI_OK;
     mha_status st = mha_kv_cache_create(&c, B, Hkv, S, d, d, 0);
     if (st == MHA_OK)
-        st = mha_tensor_alloc(&k, MHA_F32, 4, (int64_t[]){B, Hkv, S, d});
+        st = mha_tensor_create(&k, MHA_F32, 4, (int64_t[]){B, Hkv, S, d});
     if (st == MHA_OK)
-        st = mha_tensor_alloc(&q, MHA_F32, 4, (int64_t[]){B, H, 1, d});
+        st = mha_tensor_create(&q, MHA_F32, 4, (int64_t[]){B, H, 1, d});
     if (st == MHA_OK)
-        st = mha_tensor_alloc(&o, MHA_F32, 4, (int64_t[]){B, H, 1, d});
+        st = mha_tensor_create(&o, MHA_F32, 4, (int64_t[]){B, H, 1, d});
     if (st == MHA_OK)
-        st = mha_tensor_alloc(&r, MHA_F32, 4, (int64_t[]){B, H, 1, d});
+        st = mha_tensor_create(&r, MHA_F32, 4, (int64_t[]){B, H, 1, d});
     if (st == MHA_OK) {
         mha_randn(k.data, (size_t)(B * Hkv * S * d), 1, 1.0f);
         mha_randn(q.data, (size_t)(B * H * d), 2, 1.0f);

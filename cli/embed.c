@@ -220,7 +220,7 @@ int cli_embed(int argc, char **argv) {
         float dummy = 0;
         mha_tensor t;
         mha_tensor_init(&t, MHA_F32, out ? out : &dummy, 2, (int64_t[]){l.n, e.info->hidden});
-        mha_status st = mha_npy_save(a.out, &t, MHA_F32);
+        mha_status st = mha_npy_save(&t, a.out, MHA_F32);
         if (st != MHA_OK)
             rc = cli_fail(cmd, st, a.out);
         else

@@ -66,13 +66,13 @@ int cli_forward(int argc, char **argv) {
     if (rc == CLI_OK) {
         int b = in.batched;
         int64_t yshape[3] = {in.B, in.L, in.E};
-        st = mha_tensor_alloc(&y, MHA_F32, b ? 3 : 2, yshape + !b);
+        st = mha_tensor_create(&y, MHA_F32, b ? 3 : 2, yshape + !b);
         if (st == MHA_OK && weights_out) {
             int64_t Sx = in.S + in.S_extra;
             int64_t ashape[4] = {in.B, in.heads, in.L, Sx};
             int64_t avg[3] = {in.B, in.L, Sx};
-            st = average ? mha_tensor_alloc(&a, MHA_F32, b ? 3 : 2, avg + !b)
-                         : mha_tensor_alloc(&a, MHA_F32, b ? 4 : 3, ashape + !b);
+            st = average ? mha_tensor_create(&a, MHA_F32, b ? 3 : 2, avg + !b)
+                         : mha_tensor_create(&a, MHA_F32, b ? 4 : 3, ashape + !b);
             in.opt.attn_weights = &a;
             in.opt.average_attn_weights = average;
         }
@@ -86,9 +86,9 @@ int cli_forward(int argc, char **argv) {
     }
     if (rc == CLI_OK) {
         mha_dtype as = in.query_file_dtype == MHA_F16 ? MHA_F16 : MHA_F32;
-        st = mha_npy_save(out_path, &y, as);
+        st = mha_npy_save(&y, out_path, as);
         if (st == MHA_OK && weights_out)
-            st = mha_npy_save(weights_out, &a, MHA_F32);
+            st = mha_npy_save(&a, weights_out, MHA_F32);
         if (st != MHA_OK) {
             fprintf(stderr, "mha %s: %s\n", cmd, mha_last_error());
             rc = CLI_INTERNAL;

@@ -145,15 +145,15 @@ int cli_forward_layer(int argc, char **argv) {
         rc = cli_fail("forward", MHA_ERR_NOMEM, NULL);
         goto done;
     }
-    if ((st = mha_safetensors_open(weights, &v->st))) {
+    if ((st = mha_safetensors_open(&v->st, weights))) {
         rc = cli_input_fail("forward", "--weights", st);
         goto done;
     }
-    if ((st = mha_npy_load(query, MHA_F32, &x))) {
+    if ((st = mha_npy_load(&x, query, MHA_F32))) {
         rc = cli_input_fail("forward", "--query", st);
         goto done;
     }
-    if (memory && (st = mha_npy_load(memory, MHA_F32, &m))) {
+    if (memory && (st = mha_npy_load(&m, memory, MHA_F32))) {
         rc = cli_input_fail("forward", "--memory", st);
         goto done;
     }
@@ -163,7 +163,7 @@ int cli_forward_layer(int argc, char **argv) {
         if (!mpaths[i])
             continue;
         mha_dtype fd;
-        if ((st = mha_npy_load_any(mpaths[i], 1, &masks_t[i], &fd))) {
+        if ((st = mha_npy_load_any(&masks_t[i], &fd, mpaths[i], 1))) {
             rc = cli_input_fail("forward", mpaths[i], st);
             goto done;
         }
@@ -200,7 +200,7 @@ int cli_forward_layer(int argc, char **argv) {
         rc = cli_fail("forward", MHA_ERR_FORMAT, weights);
         goto done;
     }
-    if ((st = mha_tensor_alloc(&y, MHA_F32, x.ndim, x.shape))) {
+    if ((st = mha_tensor_create(&y, MHA_F32, x.ndim, x.shape))) {
         rc = cli_fail("forward", st, NULL);
         goto done;
     }
@@ -215,7 +215,7 @@ int cli_forward_layer(int argc, char **argv) {
         rc = cli_fail("forward", st, layer);
         goto done;
     }
-    if ((st = mha_npy_save(out, &y, MHA_F32)))
+    if ((st = mha_npy_save(&y, out, MHA_F32)))
         rc = cli_fail("forward", st, out);
 done:
     for (int i = 0; i < 4; i++)

@@ -41,7 +41,7 @@ static void usage(FILE *f) {
 static mha_status save_npy(const char *dir, const char *name, const mha_tensor *t) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s.npy", dir, name);
-    return mha_npy_save(path, t, MHA_F32);
+    return mha_npy_save(t, path, MHA_F32);
 }
 
 int cli_grad(int argc, char **argv) {
@@ -90,7 +90,7 @@ int cli_grad(int argc, char **argv) {
     mha_status st = MHA_OK;
     const int self = in.key_path == NULL;
     if (rc == CLI_OK) {
-        st = mha_npy_load(dy_path, MHA_F32, &dy);
+        st = mha_npy_load(&dy, dy_path, MHA_F32);
         if (st != MHA_OK)
             rc = cli_input_fail(cmd, "--grad-out", st);
     }
@@ -119,12 +119,12 @@ int cli_grad(int argc, char **argv) {
     if (rc == CLI_OK) {
         for (int i = 0; st == MHA_OK && i < 3; i++)
             if (i == 0 || !self)
-                st = mha_tensor_alloc(&dx[i], MHA_F32, src[i]->ndim, src[i]->shape);
+                st = mha_tensor_create(&dx[i], MHA_F32, src[i]->ndim, src[i]->shape);
         for (int i = 0; st == MHA_OK && i < 9; i++)
             if (params[i])
-                st = mha_tensor_alloc(&dw[i], MHA_F32, params[i]->ndim, params[i]->shape);
+                st = mha_tensor_create(&dw[i], MHA_F32, params[i]->ndim, params[i]->shape);
         if (st == MHA_OK)
-            st = mha_tensor_alloc(&y, MHA_F32, dy.ndim, dy.shape);
+            st = mha_tensor_create(&y, MHA_F32, dy.ndim, dy.shape);
         if (st == MHA_OK)
             st = mha_multihead_saved_size(in.B, in.L, in.S, in.E, in.heads, in.w.bias_k != NULL,
                                           in.add_zero_attn, &bytes);
@@ -135,7 +135,7 @@ int cli_grad(int argc, char **argv) {
     if (rc == CLI_OK) {
         /* the saved state as one float tensor (aligned, freed with the rest) */
         int64_t n = (int64_t)((bytes + sizeof(float) - 1) / sizeof(float));
-        st = mha_tensor_alloc(&saved_t, MHA_F32, 1, &n);
+        st = mha_tensor_create(&saved_t, MHA_F32, 1, &n);
         if (st == MHA_OK) {
             saved = saved_t.data;
             st = mha_multihead_forward_train(&y, saved, bytes, &in.query, in.key_ptr,

@@ -61,7 +61,7 @@ static void bind(params *p, const char *prefix, const char *name, const mha_tens
         return;
     int i = p->n;
     if (mha_safetensors_view_f32(p->st, key, &p->w[i]) != MHA_OK ||
-        mha_tensor_alloc(&p->g[i], MHA_F32, p->w[i].ndim, p->w[i].shape) != MHA_OK) {
+        mha_tensor_create(&p->g[i], MHA_F32, p->w[i].ndim, p->w[i].shape) != MHA_OK) {
         p->bad = 1;
         return;
     }
@@ -174,26 +174,26 @@ int cli_grad_layer(int argc, char **argv) {
     mha_decoder_layer_grads *dg = NULL;
     if (!p)
         return cli_fail(cmd, MHA_ERR_NOMEM, NULL);
-    if ((st = mha_safetensors_open(weights, &p->st))) {
+    if ((st = mha_safetensors_open(&p->st, weights))) {
         rc = cli_input_fail(cmd, "--weights", st);
         goto done;
     }
-    if ((st = mha_npy_load(query, MHA_F32, &x))) {
+    if ((st = mha_npy_load(&x, query, MHA_F32))) {
         rc = cli_input_fail(cmd, "--query", st);
         goto done;
     }
-    if (memory && (st = mha_npy_load(memory, MHA_F32, &m))) {
+    if (memory && (st = mha_npy_load(&m, memory, MHA_F32))) {
         rc = cli_input_fail(cmd, "--memory", st);
         goto done;
     }
-    if ((st = mha_npy_load(dy_path, MHA_F32, &dy))) {
+    if ((st = mha_npy_load(&dy, dy_path, MHA_F32))) {
         rc = cli_input_fail(cmd, dy_path, st);
         goto done;
     }
     const mha_tensor *mp[4] = {NULL, NULL, NULL, NULL};
     for (int i = 0; i < 4; i++) {
         mha_dtype fd;
-        if (mpath[i] && (st = mha_npy_load_any(mpath[i], 1, &mt[i], &fd))) {
+        if (mpath[i] && (st = mha_npy_load_any(&mt[i], &fd, mpath[i], 1))) {
             rc = cli_input_fail(cmd, mpath[i], st);
             goto done;
         }
@@ -271,9 +271,9 @@ int cli_grad_layer(int argc, char **argv) {
         goto done;
     }
     saved = malloc(sb ? sb : 1);
-    if (!saved || (st = mha_tensor_alloc(&y, MHA_F32, x.ndim, x.shape)) ||
-        (st = mha_tensor_alloc(&dx, MHA_F32, x.ndim, x.shape)) ||
-        (dec && (st = mha_tensor_alloc(&dm, MHA_F32, m.ndim, m.shape)))) {
+    if (!saved || (st = mha_tensor_create(&y, MHA_F32, x.ndim, x.shape)) ||
+        (st = mha_tensor_create(&dx, MHA_F32, x.ndim, x.shape)) ||
+        (dec && (st = mha_tensor_create(&dm, MHA_F32, m.ndim, m.shape)))) {
         rc = cli_fail(cmd, saved ? st : MHA_ERR_NOMEM, NULL);
         goto done;
     }
@@ -304,12 +304,12 @@ int cli_grad_layer(int argc, char **argv) {
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/grad_query.npy", out_dir);
-    if ((st = mha_npy_save(path, &dx, MHA_F32))) {
+    if ((st = mha_npy_save(&dx, path, MHA_F32))) {
         rc = cli_fail(cmd, st, path);
         goto done;
     }
     snprintf(path, sizeof path, "%s/grad_memory.npy", out_dir);
-    if (dec && (st = mha_npy_save(path, &dm, MHA_F32))) {
+    if (dec && (st = mha_npy_save(&dm, path, MHA_F32))) {
         rc = cli_fail(cmd, st, path);
         goto done;
     }

@@ -94,7 +94,7 @@ int cli_input_fail(const char *cmd, const char *option, mha_status st) {
 static int load_float(const char *cmd, const char *option, const char *path, mha_tensor *t,
                       mha_dtype *file_dtype) {
     mha_dtype fd;
-    mha_status st = mha_npy_load_any(path, 0, t, &fd);
+    mha_status st = mha_npy_load_any(t, &fd, path, 0);
     if (st != MHA_OK)
         return cli_input_fail(cmd, option, st);
     if (t->dtype != MHA_F32) {
@@ -182,19 +182,19 @@ int cli_mha_inputs_load(cli_mha_inputs *in, const char *cmd) {
     }
 
     if (in->key_padding_mask_path) {
-        st = mha_npy_load_any(in->key_padding_mask_path, 1, &in->key_padding_mask, NULL);
+        st = mha_npy_load_any(&in->key_padding_mask, NULL, in->key_padding_mask_path, 1);
         if (st != MHA_OK)
             return cli_input_fail(cmd, "--key-padding-mask", st);
         in->opt.key_padding_mask = &in->key_padding_mask;
     }
     if (in->attn_mask_path) {
-        st = mha_npy_load_any(in->attn_mask_path, 1, &in->attn_mask, NULL);
+        st = mha_npy_load_any(&in->attn_mask, NULL, in->attn_mask_path, 1);
         if (st != MHA_OK)
             return cli_input_fail(cmd, "--attn-mask", st);
         in->opt.attn_mask = &in->attn_mask;
     }
 
-    st = mha_safetensors_open(in->weights_path, &in->st);
+    st = mha_safetensors_open(&in->st, in->weights_path);
     if (st != MHA_OK)
         return cli_input_fail(cmd, "--weights", st);
     mha_multihead_weights *w = &in->w;

@@ -439,10 +439,10 @@ static mha_status evaluate(mha_model *m, const task *t, uint64_t seed, int64_t n
                 mha_tensor_init(&tt, MHA_F32, tf, 2, (int64_t[]){nb, T});
                 mha_tensor_init(&lt, MHA_F32, (void *)z, 3, (int64_t[]){nb, T, V});
                 snprintf(path, sizeof path, "%s/sample_tokens.npy", dump_dir);
-                st = mha_npy_save(path, &tt, MHA_F32);
+                st = mha_npy_save(&tt, path, MHA_F32);
                 snprintf(path, sizeof path, "%s/sample_logits.npy", dump_dir);
                 if (st == MHA_OK)
-                    st = mha_npy_save(path, &lt, MHA_F32);
+                    st = mha_npy_save(&lt, path, MHA_F32);
                 free(tf);
             }
         }
@@ -505,7 +505,7 @@ static void flag_key(const run_flag *f, char *buf, size_t n) {
  * Returns CLI_OK or CLI_BAD_INPUT (message printed). */
 static int merge_stored_flags(const char *path, run_flag *flags, int n, uint64_t *run_id) {
     mha_safetensors *st;
-    mha_status status = mha_safetensors_open(path, &st);
+    mha_status status = mha_safetensors_open(&st, path);
     if (status != MHA_OK) /* a missing or unreadable checkpoint is bad input (2) */
         return cli_input_fail("train", "--resume", status);
     const char *run = mha_safetensors_metadata(st, "run_id");
@@ -685,7 +685,7 @@ int cli_train(int argc, char **argv) {
     if (resume) {
         snprintf(path, sizeof path, "%s/model.safetensors", resume);
         snprintf(opath, sizeof opath, "%s/optimizer.safetensors", resume);
-        st = mha_model_load(&m, path, opath, &opt, &start, &useed);
+        st = mha_model_open(&m, path, opath, &opt, &start, &useed);
         if (st != MHA_OK) /* a missing or unreadable checkpoint is bad input (2) */
             return cli_input_fail(cmd, "--resume", st);
         t.causal = mha_model_get_config(m)->causal; /* the run's layout */
@@ -695,7 +695,7 @@ int cli_train(int argc, char **argv) {
                             "--max-len %lld\n",
                     (long long)mha_model_get_config(m)->max_len,
                     (long long)mha_model_get_config(m)->vocab, (long long)max_len);
-            mha_model_free(m), mha_adamw_release(&opt);
+            mha_model_free(m), mha_adamw_free(&opt);
             return CLI_BAD_INPUT;
         }
     } else {
@@ -709,7 +709,7 @@ int cli_train(int argc, char **argv) {
         mha_adamw_options_init(&o);
         o.lr = lr, o.weight_decay = wd, o.max_grad_norm = clip;
         if (st == MHA_OK)
-            st = mha_adamw_init(&opt, mha_model_num_params(m), &o);
+            st = mha_adamw_create(&opt, mha_model_num_params(m), &o);
         if (st != MHA_OK) {
             mha_model_free(m);
             return cli_fail(cmd, st, "model");
@@ -740,7 +740,7 @@ int cli_train(int argc, char **argv) {
     if (!tok || !tgt || !hist_step || !hist_loss) {
         fprintf(stderr, "mha train: out of memory\n");
         free(tok), free(tgt), free(hist_step), free(hist_loss);
-        mha_model_free(m), mha_adamw_release(&opt);
+        mha_model_free(m), mha_adamw_free(&opt);
         return CLI_INTERNAL;
     }
     int64_t n_hist = resume ? read_losses(resume, start, hist_step, hist_loss, cap) : 0;
@@ -771,7 +771,7 @@ int cli_train(int argc, char **argv) {
                                       hist_step, hist_loss, n_hist);
             if (src != CLI_OK) {
                 free(tok), free(tgt), free(hist_step), free(hist_loss);
-                mha_model_free(m), mha_adamw_release(&opt);
+                mha_model_free(m), mha_adamw_free(&opt);
                 return src;
             }
         }
@@ -788,7 +788,7 @@ int cli_train(int argc, char **argv) {
     if (st != MHA_OK) {
         int rc = cli_fail(cmd, st, "training");
         free(tok), free(tgt), free(hist_step), free(hist_loss);
-        mha_model_free(m), mha_adamw_release(&opt);
+        mha_model_free(m), mha_adamw_free(&opt);
         return rc;
     }
 
@@ -836,6 +836,6 @@ int cli_train(int argc, char **argv) {
         printf("accuracy: %.4f\n", acc);
     }
     free(tok), free(tgt), free(hist_step), free(hist_loss);
-    mha_model_free(m), mha_adamw_release(&opt);
+    mha_model_free(m), mha_adamw_free(&opt);
     return rc;
 }

@@ -270,11 +270,11 @@ static int run_inputs(viz_args *a, cli_mha_inputs *in, const tokens *qt, const t
     memset(&wt, 0, sizeof wt);
     const char **klabels = NULL;
     mha_status st = in->batched
-                        ? mha_tensor_alloc(&out, MHA_F32, 3, (int64_t[]){B, L, in->E})
-                        : mha_tensor_alloc(&out, MHA_F32, 2, (int64_t[]){L, in->E});
+                        ? mha_tensor_create(&out, MHA_F32, 3, (int64_t[]){B, L, in->E})
+                        : mha_tensor_create(&out, MHA_F32, 2, (int64_t[]){L, in->E});
     if (!st)
-        st = in->batched ? mha_tensor_alloc(&wt, MHA_F32, 4, (int64_t[]){B, H, L, Sp})
-                         : mha_tensor_alloc(&wt, MHA_F32, 3, (int64_t[]){H, L, Sp});
+        st = in->batched ? mha_tensor_create(&wt, MHA_F32, 4, (int64_t[]){B, H, L, Sp})
+                         : mha_tensor_create(&wt, MHA_F32, 3, (int64_t[]){H, L, Sp});
     if (st) {
         rc = cli_fail("viz", st, "output");
         goto done;

@@ -37,17 +37,25 @@
  *
  * OPTIONS
  *   Every function taking a `const mha_*_options *opt` (and mha_model_create
- *   its config, mha_adamw_init its options) reads NULL as the defaults of
+ *   its config, mha_adamw_create its options) reads NULL as the defaults of
  *   the matching *_init(): mha_sdpa_forward(&O, &Q, &K, &V, NULL) is plain
  *   softmax attention.  Where the defaults leave a required value unset
  *   (num_heads of the multihead and layer options is 0) the call fails as
  *   with those defaults: MHA_ERR_VALUE or MHA_ERR_SHAPE naming the field,
  *   never MHA_ERR_NULL.
  *
- * OWNERSHIP
- *   Views never own memory.  mha_tensor_alloc() gives a view whose data the
- *   caller frees with mha_tensor_free().  Objects made by *_create() are freed
- *   by the matching *_free(), which accepts NULL.
+ * OWNERSHIP AND NAMES
+ *   Views never own memory.  mha_tensor_create() gives a view whose data the
+ *   caller frees with mha_tensor_free().  One convention for everything that
+ *   owns memory: *_create() builds it in memory, *_open() builds it from a
+ *   path, and both are undone by the matching *_free(), which accepts NULL
+ *   (mha_tensor_create and mha_adamw_create fill a caller's struct, which
+ *   *_free empties).  The handle, or the out-pointer that receives it, is
+ *   always the first argument (mha_safetensors_open(&st, path),
+ *   mha_npy_load(&t, path, want), mha_npy_save(&t, path, as)).
+ *   mha_npy_load() and mha_safetensors_get_f32() give an owned tensor (free
+ *   with mha_tensor_free).  mha_safe_file_close(f, keep) ends a safe file
+ *   instead of a *_free: it decides whether the file is kept.
  *
  * THREADS
  *   All functions are reentrant; concurrent calls on shared read-only weights
@@ -136,8 +144,8 @@ MHA_API mha_status mha_tensor_init(mha_tensor *t, mha_dtype dtype, void *data,
                                    int ndim, const int64_t *shape);
 
 /* Allocates a zero-filled contiguous tensor; free with mha_tensor_free(). */
-MHA_API mha_status mha_tensor_alloc(mha_tensor *t, mha_dtype dtype, int ndim,
-                                    const int64_t *shape);
+MHA_API mha_status mha_tensor_create(mha_tensor *t, mha_dtype dtype, int ndim,
+                                     const int64_t *shape);
 MHA_API void mha_tensor_free(mha_tensor *t);
 
 /* Number of elements (product of the shape); checked for overflow. */
@@ -964,9 +972,10 @@ typedef struct mha_adamw {
     float *m, *v;               /* (n) each                                */
 } mha_adamw;
 
-/* Allocates zeroed moments for n parameters; release with mha_adamw_release. */
-MHA_API mha_status mha_adamw_init(mha_adamw *a, int64_t n, const mha_adamw_options *opt);
-MHA_API void mha_adamw_release(mha_adamw *a);
+/* Allocates zeroed moments for n parameters into the caller's *a; free
+ * them with mha_adamw_free (accepts a zeroed or freed *a). */
+MHA_API mha_status mha_adamw_create(mha_adamw *a, int64_t n, const mha_adamw_options *opt);
+MHA_API void mha_adamw_free(mha_adamw *a);
 
 /* One step, exactly torch.optim.AdamW (1.13, foreach=False): clips grads in
  * place when opt.max_grad_norm > 0 (torch.nn.utils.clip_grad_norm_), then
@@ -1052,7 +1061,7 @@ typedef struct mha_checkpoint_info {
  * files are one unit: both carry the step and run id; both are written to
  * temporaries and synced, then renamed (optimiser first), so a failure
  * changes neither file and an interrupted save leaves a pair that
- * mha_model_load refuses. */
+ * mha_model_open refuses. */
 MHA_API mha_status mha_model_save_checkpoint(const mha_model *model, const char *path,
                                              const char *optim_path, const mha_adamw *opt,
                                              const mha_checkpoint_info *info);
@@ -1062,7 +1071,7 @@ MHA_API mha_status mha_model_save_checkpoint(const mha_model *model, const char 
  * tensor's presence, dtype and shape is checked against the files before
  * the model is allocated; with optim_path the two files must carry the
  * same step and run id (MHA_ERR_FORMAT naming both files and values). */
-MHA_API mha_status mha_model_load(mha_model **model, const char *path, const char *optim_path,
+MHA_API mha_status mha_model_open(mha_model **model, const char *path, const char *optim_path,
                                   mha_adamw *opt, int64_t *step, uint64_t *seed);
 
 /* ---- Sentence embeddings from a trained BERT (src/bert.c, docs/models.md)
@@ -1135,17 +1144,17 @@ MHA_API mha_status mha_bert_attention(mha_bert *model, mha_tensor *attn_weights,
  * <f4 <f8 <f2 |b1 |u1 <i4 <i8).  want = MHA_F32 converts numbers to float;
  * want = MHA_BOOL converts to boolean (nonzero = true); want = MHA_I64
  * converts integers.  The result is owned: free with mha_tensor_free(). */
-MHA_API mha_status mha_npy_load(const char *path, mha_dtype want, mha_tensor *out);
+MHA_API mha_status mha_npy_load(mha_tensor *out, const char *path, mha_dtype want);
 
 /* As mha_npy_load, but keeps the file's kind: floats become MHA_F32,
  * bool/u1/i4/i8 become MHA_BOOL when as_mask is set, else ints MHA_I64. */
-MHA_API mha_status mha_npy_load_any(const char *path, int as_mask, mha_tensor *out,
-                                    mha_dtype *file_dtype);
+MHA_API mha_status mha_npy_load_any(mha_tensor *out, mha_dtype *file_dtype, const char *path,
+                                    int as_mask);
 
 /* Writes t (MHA_F32, MHA_F16 or MHA_BOOL; any strides) as .npy version 1.0,
  * byte-identical to numpy.save.  When t is MHA_F32 and as is MHA_F16 the
  * values are rounded to half. */
-MHA_API mha_status mha_npy_save(const char *path, const mha_tensor *t, mha_dtype as);
+MHA_API mha_status mha_npy_save(const mha_tensor *t, const char *path, mha_dtype as);
 
 /* safetensors files (https://github.com/huggingface/safetensors), read with
  * the format's safety rules enforced (header <= 100 MB, offsets contiguous,
@@ -1156,7 +1165,7 @@ MHA_API mha_status mha_npy_save(const char *path, const mha_tensor *t, mha_dtype
 #define MHA_SAFETENSORS_MAX_DIMS 8
 typedef struct mha_safetensors mha_safetensors;
 
-MHA_API mha_status mha_safetensors_open(const char *path, mha_safetensors **st);
+MHA_API mha_status mha_safetensors_open(mha_safetensors **st, const char *path);
 MHA_API void mha_safetensors_free(mha_safetensors *st);
 
 /* Tensors in file order (order of the header's keys), 0 <= i < count. */

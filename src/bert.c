@@ -389,7 +389,7 @@ mha_status mha_bert_open(mha_bert **model, const char *model_dir) {
                             (int)sizeof path)
         st = mha_error(MHA_ERR_VALUE, "model directory path too long");
     if (st == MHA_OK)
-        st = mha_safetensors_open(path, &m->st);
+        st = mha_safetensors_open(&m->st, path);
     if (st == MHA_OK)
         st = bind_weights(m);
     if (st != MHA_OK) {

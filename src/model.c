@@ -578,7 +578,7 @@ mha_status mha_model_save(const mha_model *m, const char *path, const char *opti
 /* Both files are written to temporaries and synced first, then the
  * optimiser file is renamed into place, then the model file: a failure
  * before the renames changes nothing, and a crash between them leaves a
- * pair whose steps or run ids differ, which mha_model_load refuses. */
+ * pair whose steps or run ids differ, which mha_model_open refuses. */
 mha_status mha_model_save_checkpoint(const mha_model *m, const char *path,
                                      const char *optim_path, const mha_adamw *opt,
                                      const mha_checkpoint_info *info) {
@@ -758,7 +758,7 @@ static mha_status load_into(mha_safetensors *st, const char *name, const param_i
     return MHA_OK;
 }
 
-mha_status mha_model_load(mha_model **out, const char *path, const char *optim_path,
+mha_status mha_model_open(mha_model **out, const char *path, const char *optim_path,
                           mha_adamw *opt, int64_t *step, uint64_t *seed) {
     MHA_CHECK(out != NULL && path != NULL, MHA_ERR_NULL, "model: NULL out or path");
     MHA_CHECK(!optim_path || opt, MHA_ERR_NULL, "model: optimiser file without an optimiser");
@@ -767,7 +767,7 @@ mha_status mha_model_load(mha_model **out, const char *path, const char *optim_p
         memset(opt, 0, sizeof *opt); /* released below on failure, so known state */
     mha_safetensors *st = NULL, *os = NULL;
     mha_model *m = NULL;
-    MHA_TRY(mha_safetensors_open(path, &st));
+    MHA_TRY(mha_safetensors_open(&st, path));
     mha_model_config c;
     mha_model_config_init(&c);
     int64_t v[9], stp = 0;
@@ -811,7 +811,7 @@ mha_status mha_model_load(mha_model **out, const char *path, const char *optim_p
     if (s == MHA_OK)
         s = check_tensors(st, path, table, n_tensors, model_prefix, 1);
     if (s == MHA_OK && optim_path) {
-        s = mha_safetensors_open(optim_path, &os);
+        s = mha_safetensors_open(&os, optim_path);
         if (s != MHA_OK) {
             char why[256];
             snprintf(why, sizeof why, "%s", mha_last_error());
@@ -838,7 +838,7 @@ mha_status mha_model_load(mha_model **out, const char *path, const char *optim_p
         for (int i = 0; i < 6 && s == MHA_OK; i++)
             s = meta_double(os, ok[i], ov[i]);
         if (s == MHA_OK)
-            s = mha_adamw_init(opt, m->n_params, &o);
+            s = mha_adamw_create(opt, m->n_params, &o);
         char name[NAME_LEN + 16];
         for (int64_t k = 0; s == MHA_OK && k < m->n_tensors; k++) {
             const param_info *p = &m->table[k];
@@ -851,7 +851,7 @@ mha_status mha_model_load(mha_model **out, const char *path, const char *optim_p
         if (s == MHA_OK)
             opt->step = ostep;
         else if (opt->m)
-            mha_adamw_release(opt);
+            mha_adamw_free(opt);
     }
     mha_safetensors_free(st);
     mha_safetensors_free(os);

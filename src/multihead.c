@@ -218,7 +218,7 @@ mha_status mha_mh_build_padded_mask(const mh_dims *m, const mha_tensor *attn,
                                     const mha_tensor *kpm, int causal, mha_tensor *out) {
     int64_t shape[4] = {kpm || (attn && attn->stride[0]) ? m->B : 1,
                         attn && attn->stride[1] ? m->H : 1, m->L, m->Sx};
-    MHA_TRY(mha_tensor_alloc(out, MHA_F32, 4, shape));
+    MHA_TRY(mha_tensor_create(out, MHA_F32, 4, shape));
     float *dst = out->data;
     for (int64_t b = 0; b < shape[0]; b++)
         for (int64_t h = 0; h < shape[1]; h++)

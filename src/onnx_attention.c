@@ -226,7 +226,7 @@ static mha_status pad_mask(const mha_tensor *m, int64_t T, mha_tensor *out) {
     int64_t shape[4];
     memcpy(shape, m->shape, sizeof(int64_t) * (size_t)m->ndim);
     shape[m->ndim - 1] = T;
-    MHA_TRY(mha_tensor_alloc(out, m->dtype == MHA_BOOL ? MHA_BOOL : MHA_F32, m->ndim, shape));
+    MHA_TRY(mha_tensor_create(out, m->dtype == MHA_BOOL ? MHA_BOOL : MHA_F32, m->ndim, shape));
     int64_t n = 1, rows;
     for (int a = 0; a < m->ndim - 1; a++)
         n *= shape[a];
@@ -304,7 +304,7 @@ mha_status mha_onnx_attention(mha_tensor *y, mha_tensor *present_key, mha_tensor
     if (past_key || present_key) {
         if (present_key)
             K = *present_key;
-        else if ((st = mha_tensor_alloc(&kt, MHA_F32, 4, sh.present_key)) == MHA_OK)
+        else if ((st = mha_tensor_create(&kt, MHA_F32, 4, sh.present_key)) == MHA_OK)
             K = kt;
         if (st == MHA_OK)
             concat_keys(&K, past_key, &pl.k4);
@@ -312,7 +312,7 @@ mha_status mha_onnx_attention(mha_tensor *y, mha_tensor *present_key, mha_tensor
     if (st == MHA_OK && (past_value || present_value)) {
         if (present_value)
             V = *present_value;
-        else if ((st = mha_tensor_alloc(&vt, MHA_F32, 4, sh.present_value)) == MHA_OK)
+        else if ((st = mha_tensor_create(&vt, MHA_F32, 4, sh.present_value)) == MHA_OK)
             V = vt;
         if (st == MHA_OK)
             concat_keys(&V, past_value, &pl.v4);
@@ -343,7 +343,7 @@ mha_status mha_onnx_attention(mha_tensor *y, mha_tensor *present_key, mha_tensor
     so.causal_offset = pl.P;
     if (st == MHA_OK && nonpad_kv_seqlen) {
         so.kv_lengths = nonpad_kv_seqlen;
-        if ((st = mha_tensor_alloc(&offs, MHA_I64, 1, (int64_t[]){pl.B})) == MHA_OK) {
+        if ((st = mha_tensor_create(&offs, MHA_I64, 1, (int64_t[]){pl.B})) == MHA_OK) {
             for (int64_t b = 0; b < pl.B; b++) {
                 int64_t n = ((const int64_t *)nonpad_kv_seqlen->data)[b * nonpad_kv_seqlen->stride[0]];
                 if (n < -((int64_t)1 << 60) || n > ((int64_t)1 << 60)) {

@@ -47,7 +47,7 @@ static mha_status check_options(const mha_adamw_options *o) {
     return MHA_OK;
 }
 
-mha_status mha_adamw_init(mha_adamw *a, int64_t n, const mha_adamw_options *o) {
+mha_status mha_adamw_create(mha_adamw *a, int64_t n, const mha_adamw_options *o) {
     MHA_OPTIONS_DEFAULT(mha_adamw_options, o);
     MHA_CHECK(a != NULL, MHA_ERR_NULL, "adamw: NULL optimiser");
     memset(a, 0, sizeof *a);
@@ -66,7 +66,7 @@ mha_status mha_adamw_init(mha_adamw *a, int64_t n, const mha_adamw_options *o) {
     return MHA_OK;
 }
 
-void mha_adamw_release(mha_adamw *a) {
+void mha_adamw_free(mha_adamw *a) {
     if (!a)
         return;
     mha_free(a->m), mha_free(a->v);

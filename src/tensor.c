@@ -60,7 +60,7 @@ mha_status mha_tensor_init(mha_tensor *t, mha_dtype dtype, void *data, int ndim,
     return MHA_OK;
 }
 
-mha_status mha_tensor_alloc(mha_tensor *t, mha_dtype dtype, int ndim, const int64_t *shape) {
+mha_status mha_tensor_create(mha_tensor *t, mha_dtype dtype, int ndim, const int64_t *shape) {
     MHA_TRY(mha_tensor_init(t, dtype, NULL, ndim, shape));
     int64_t n;
     MHA_TRY(mha_tensor_numel(t, &n));

@@ -601,7 +601,7 @@ static PyObject *py_safetensors_load(PyObject *self, PyObject *arg) {
     mha_safetensors *st = NULL;
     mha_status s;
     const char *path = PyBytes_AS_STRING(bytes_path);
-    Py_BEGIN_ALLOW_THREADS s = mha_safetensors_open(path, &st);
+    Py_BEGIN_ALLOW_THREADS s = mha_safetensors_open(&st, path);
     Py_END_ALLOW_THREADS Py_DECREF(bytes_path);
     if (s != MHA_OK)
         return raise_status(s);

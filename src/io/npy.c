@@ -412,7 +412,7 @@ mha_status mha_npy_read(mha_file *f, mha_dtype want, int keep_kind, int as_mask,
     for (int k = 0; k < h.ndim; k++) /* Fortran data is C order of the reversed shape */
         shape[k] = h.fortran ? h.shape[h.ndim - 1 - k] : h.shape[k];
     mha_tensor t;
-    MHA_TRY(mha_tensor_alloc(&t, want, h.ndim, shape));
+    MHA_TRY(mha_tensor_create(&t, want, h.ndim, shape));
     mha_status st = MHA_OK;
     size_t es = mha_dtype_size(want);
     if (h.numel > 0 && es == h.itemsize && kind_dtype(&h) == want && want != MHA_BOOL) {
@@ -463,18 +463,18 @@ static mha_status load_path(const char *path, mha_dtype want, int keep_kind, int
     return st;
 }
 
-mha_status mha_npy_load(const char *path, mha_dtype want, mha_tensor *out) {
+mha_status mha_npy_load(mha_tensor *out, const char *path, mha_dtype want) {
     return load_path(path, want, 0, 0, out, NULL);
 }
 
-mha_status mha_npy_load_any(const char *path, int as_mask, mha_tensor *out,
-                            mha_dtype *file_dtype) {
+mha_status mha_npy_load_any(mha_tensor *out, mha_dtype *file_dtype, const char *path,
+                            int as_mask) {
     return load_path(path, MHA_F32, 1, as_mask, out, file_dtype);
 }
 
 /* ---- writing ---------------------------------------------------------------- */
 
-mha_status mha_npy_save(const char *path, const mha_tensor *t, mha_dtype as) {
+mha_status mha_npy_save(const mha_tensor *t, const char *path, mha_dtype as) {
     MHA_CHECK(path != NULL && t != NULL, MHA_ERR_NULL, "npy: NULL path or tensor");
     MHA_CHECK(t->ndim >= 0 && t->ndim <= MHA_MAX_DIMS, MHA_ERR_SHAPE,
               "npy: %d dimensions (at most %d)", t->ndim, MHA_MAX_DIMS);

@@ -572,7 +572,7 @@ mha_status mha_safetensors_read(mha_file *f, mha_safetensors **out) {
     return MHA_OK;
 }
 
-mha_status mha_safetensors_open(const char *path, mha_safetensors **st) {
+mha_status mha_safetensors_open(mha_safetensors **st, const char *path) {
     MHA_CHECK(st != NULL, MHA_ERR_NULL, "safetensors: NULL output");
     *st = NULL;
     mha_file f;
@@ -684,7 +684,7 @@ mha_status mha_safetensors_get_f32(const mha_safetensors *st, const char *name, 
     const st_entry *e;
     MHA_TRY(lookup(st, name, &e));
     mha_tensor t;
-    MHA_TRY(mha_tensor_alloc(&t, MHA_F32, e->ndim, e->shape));
+    MHA_TRY(mha_tensor_create(&t, MHA_F32, e->ndim, e->shape));
     int64_t numel = (e->end - e->begin) / (int64_t)e->itemsize;
     float *dst = t.data;
     mha_status s = MHA_OK;

@@ -52,7 +52,7 @@ static int save(const char *path, int ndim, const int64_t *shape, uint64_t seed,
             mask[i] = buf[i] > 0.8f;
         mha_tensor_init(&t, MHA_BOOL, mask, ndim, shape);
     }
-    return mha_npy_save(path, &t, as) == MHA_OK;
+    return mha_npy_save(&t, path, as) == MHA_OK;
 }
 
 static void sweep(void);

@@ -17,11 +17,11 @@ int main(int argc, char **argv) {
     double tol = argc == 4 ? atof(argv[3]) : 1e-5;
     mha_tensor y, r;
     mha_dtype yd, rd;
-    if (mha_npy_load_any(argv[1], 0, &y, &yd) != MHA_OK) {
+    if (mha_npy_load_any(&y, &yd, argv[1], 0) != MHA_OK) {
         fprintf(stderr, "npycmp: %s\n", mha_last_error());
         return 2;
     }
-    if (mha_npy_load_any(argv[2], 0, &r, &rd) != MHA_OK) {
+    if (mha_npy_load_any(&r, &rd, argv[2], 0) != MHA_OK) {
         fprintf(stderr, "npycmp: %s\n", mha_last_error());
         mha_tensor_free(&y);
         return 2;

@@ -67,9 +67,9 @@ mha_status fixture_load(const fixture *f, const char *file, int want, mha_tensor
     char path[700];
     snprintf(path, sizeof path, "%s/%s", f->dir, file);
     if (want >= 0)
-        return mha_npy_load(path, (mha_dtype)want, t);
+        return mha_npy_load(t, path, (mha_dtype)want);
     mha_dtype file_dtype;
-    return mha_npy_load_any(path, 1, t, &file_dtype);
+    return mha_npy_load_any(t, &file_dtype, path, 1);
 }
 
 size_t fixture_numel(const mha_tensor *t) {

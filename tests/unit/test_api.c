@@ -127,11 +127,11 @@ TEST(api_null_options_sdpa_and_decode_are_the_defaults) {
     CHECK(memcmp(O1.data, O2.data, bytes) == 0);
 
     mha_adamw a;
-    REQUIRE_OK(mha_adamw_init(&a, 3, NULL));
+    REQUIRE_OK(mha_adamw_create(&a, 3, NULL));
     mha_adamw_options ao;
     mha_adamw_options_init(&ao);
     CHECK(a.opt.lr == ao.lr && a.opt.weight_decay == ao.weight_decay);
-    mha_adamw_release(&a);
+    mha_adamw_free(&a);
     for (size_t i = 0; i < sizeof b / sizeof *b; i++)
         free(b[i]);
     free(g1), free(g2);

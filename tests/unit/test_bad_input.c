@@ -511,8 +511,8 @@ TEST(bad_input_overflowing_sizes_and_strides) {
     EXPECT_ERR("tensor", "mha_tensor_init shape (2^62) float32 (bytes overflow)",
                mha_tensor_init(&t, MHA_F32, NULL, 1, (int64_t[]){(int64_t)1 << 62}),
                MHA_ERR_OVERFLOW, "byte count overflows");
-    EXPECT_ERR("tensor", "mha_tensor_alloc shape (2^40,2^40)",
-               mha_tensor_alloc(&t, MHA_F32, 2, (int64_t[]){big, big}), MHA_ERR_OVERFLOW,
+    EXPECT_ERR("tensor", "mha_tensor_create shape (2^40,2^40)",
+               mha_tensor_create(&t, MHA_F32, 2, (int64_t[]){big, big}), MHA_ERR_OVERFLOW,
                "overflows");
     EXPECT_ERR("tensor", "mha_tensor_init negative size",
                mha_tensor_init(&t, MHA_F32, NULL, 2, (int64_t[]){3, -1}), MHA_ERR_SHAPE,
@@ -645,9 +645,9 @@ TEST(bad_input_null_pointers_sdpa_tensor_files) {
                mha_tensor_init(NULL, MHA_F32, NULL, 1, (int64_t[]){1}), MHA_ERR_NULL, "NULL view");
     EXPECT_ERR("tensor", "mha_tensor_init shape NULL", mha_tensor_init(&t, MHA_F32, NULL, 2, NULL),
                MHA_ERR_NULL, "NULL shape");
-    EXPECT_ERR("tensor", "mha_tensor_alloc(NULL, ...)",
-               mha_tensor_alloc(NULL, MHA_F32, 1, (int64_t[]){1}), MHA_ERR_NULL, "NULL view");
-    EXPECT_ERR("tensor", "mha_tensor_alloc shape NULL", mha_tensor_alloc(&t, MHA_F32, 2, NULL),
+    EXPECT_ERR("tensor", "mha_tensor_create(NULL, ...)",
+               mha_tensor_create(NULL, MHA_F32, 1, (int64_t[]){1}), MHA_ERR_NULL, "NULL view");
+    EXPECT_ERR("tensor", "mha_tensor_create shape NULL", mha_tensor_create(&t, MHA_F32, 2, NULL),
                MHA_ERR_NULL, "NULL shape");
     EXPECT_ERR("tensor", "mha_tensor_numel(NULL, &n)", mha_tensor_numel(NULL, &n), MHA_ERR_NULL,
                "NULL");
@@ -662,30 +662,30 @@ TEST(bad_input_null_pointers_sdpa_tensor_files) {
     char path[512];
     snprintf(path, sizeof path, "%s/io/np_f4_3x5.npy", test_fixture_root());
     mha_dtype fd;
-    EXPECT_ERR("npy", "mha_npy_load(NULL path)", mha_npy_load(NULL, MHA_F32, &t), MHA_ERR_NULL,
+    EXPECT_ERR("npy", "mha_npy_load(NULL path)", mha_npy_load(&t, NULL, MHA_F32), MHA_ERR_NULL,
                NULL);
-    EXPECT_ERR("npy", "mha_npy_load(path, want, NULL out)", mha_npy_load(path, MHA_F32, NULL),
+    EXPECT_ERR("npy", "mha_npy_load(NULL out, path, want)", mha_npy_load(NULL, path, MHA_F32),
                MHA_ERR_NULL, NULL);
-    EXPECT_ERR("npy", "mha_npy_load_any(NULL path)", mha_npy_load_any(NULL, 0, &t, &fd),
+    EXPECT_ERR("npy", "mha_npy_load_any(NULL path)", mha_npy_load_any(&t, &fd, NULL, 0),
                MHA_ERR_NULL, NULL);
-    EXPECT_ERR("npy", "mha_npy_load_any(path, 0, NULL out)", mha_npy_load_any(path, 0, NULL, &fd),
+    EXPECT_ERR("npy", "mha_npy_load_any(path, 0, NULL out)", mha_npy_load_any(NULL, &fd, path, 0),
                MHA_ERR_NULL, NULL);
     mha_tensor_init(&t, MHA_F32, (float[4]){0}, 1, (int64_t[]){4});
-    EXPECT_ERR("npy", "mha_npy_save(NULL path)", mha_npy_save(NULL, &t, MHA_F32), MHA_ERR_NULL,
+    EXPECT_ERR("npy", "mha_npy_save(NULL path)", mha_npy_save(&t, NULL, MHA_F32), MHA_ERR_NULL,
                NULL);
-    EXPECT_ERR("npy", "mha_npy_save(path, NULL tensor)", mha_npy_save("/tmp/x.npy", NULL, MHA_F32),
+    EXPECT_ERR("npy", "mha_npy_save(path, NULL tensor)", mha_npy_save(NULL, "/tmp/x.npy", MHA_F32),
                MHA_ERR_NULL, NULL);
     mha_tensor nodata = t;
     nodata.data = NULL;
     EXPECT_ERR("npy", "mha_npy_save of a tensor with data NULL",
-               mha_npy_save("/tmp/mha-bad-input.npy", &nodata, MHA_F32), MHA_ERR_NULL, NULL);
+               mha_npy_save(&nodata, "/tmp/mha-bad-input.npy", MHA_F32), MHA_ERR_NULL, NULL);
     remove("/tmp/mha-bad-input.npy");
 
     mha_safetensors *st = NULL;
-    EXPECT_ERR("safetensors", "mha_safetensors_open(NULL path)", mha_safetensors_open(NULL, &st),
+    EXPECT_ERR("safetensors", "mha_safetensors_open(NULL path)", mha_safetensors_open(&st, NULL),
                MHA_ERR_NULL, NULL);
     snprintf(path, sizeof path, "%s/io/st_dtypes.safetensors", test_fixture_root());
-    EXPECT_ERR("safetensors", "mha_safetensors_open(path, NULL)", mha_safetensors_open(path, NULL),
+    EXPECT_ERR("safetensors", "mha_safetensors_open(NULL, path)", mha_safetensors_open(NULL, path),
                MHA_ERR_NULL, NULL);
     mha_safetensors_free(NULL);
     CHECK(mha_safetensors_count(NULL) == 0);
@@ -696,7 +696,7 @@ TEST(bad_input_null_pointers_sdpa_tensor_files) {
                mha_safetensors_get_f32(NULL, "f32", &t), MHA_ERR_NULL, NULL);
     EXPECT_ERR("safetensors", "mha_safetensors_info(NULL st)",
                mha_safetensors_info(NULL, 0, NULL, NULL, NULL), MHA_ERR_NULL, NULL);
-    if (mha_safetensors_open(path, &st) == MHA_OK) {
+    if (mha_safetensors_open(&st, path) == MHA_OK) {
         EXPECT_ERR("safetensors", "mha_safetensors_get_f32(st, NULL name)",
                    mha_safetensors_get_f32(st, NULL, &t), MHA_ERR_NULL, NULL);
         EXPECT_ERR("safetensors", "mha_safetensors_get_f32(st, name, NULL out)",

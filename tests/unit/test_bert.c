@@ -51,13 +51,13 @@ typedef struct bert_fixture {
 static bool fixture_load_bert(bert_fixture *f) {
     memset(f, 0, sizeof *f);
     mha_tensor ids, off;
-    if (mha_npy_load(FIX "ids.npy", MHA_I64, &ids) != MHA_OK)
+    if (mha_npy_load(&ids, FIX "ids.npy", MHA_I64) != MHA_OK)
         return false;
-    if (mha_npy_load(FIX "offsets.npy", MHA_I64, &off) != MHA_OK) {
+    if (mha_npy_load(&off, FIX "offsets.npy", MHA_I64) != MHA_OK) {
         mha_tensor_free(&ids);
         return false;
     }
-    if (mha_npy_load(FIX "embeddings.npy", MHA_F32, &f->ref) != MHA_OK) {
+    if (mha_npy_load(&f->ref, FIX "embeddings.npy", MHA_F32) != MHA_OK) {
         mha_tensor_free(&ids);
         mha_tensor_free(&off);
         return false;

@@ -31,7 +31,7 @@ TEST(core_tensor_init_computes_contiguous_strides) {
 
 TEST(core_tensor_alloc_zero_fills_and_frees) {
     mha_tensor t;
-    REQUIRE_OK(mha_tensor_alloc(&t, MHA_F32, 2, (int64_t[]){3, 5}));
+    REQUIRE_OK(mha_tensor_create(&t, MHA_F32, 2, (int64_t[]){3, 5}));
     const float *p = t.data;
     for (int i = 0; i < 15; i++)
         CHECK(p[i] == 0.0f);
@@ -163,7 +163,7 @@ TEST(core_weights_rows_are_distributions) {
     sdpa_case c;
     REQUIRE(sdpa_make(&c, 2, 2, 1, 6, 11, 5, 5, 30));
     mha_tensor w;
-    REQUIRE_OK(mha_tensor_alloc(&w, MHA_F32, 4, (int64_t[]){2, 2, 6, 11}));
+    REQUIRE_OK(mha_tensor_create(&w, MHA_F32, 4, (int64_t[]){2, 2, 6, 11}));
     mha_sdpa_options opt;
     mha_sdpa_options_init(&opt);
     opt.attn_weights = &w;
@@ -191,8 +191,8 @@ TEST(core_dropout_is_seeded_and_unbiased) {
     sdpa_case c;
     REQUIRE(sdpa_make(&c, 2, 2, 2, 32, 64, 4, 4, 40));
     mha_tensor w0, w1;
-    REQUIRE_OK(mha_tensor_alloc(&w0, MHA_F32, 4, (int64_t[]){2, 2, 32, 64}));
-    REQUIRE_OK(mha_tensor_alloc(&w1, MHA_F32, 4, (int64_t[]){2, 2, 32, 64}));
+    REQUIRE_OK(mha_tensor_create(&w0, MHA_F32, 4, (int64_t[]){2, 2, 32, 64}));
+    REQUIRE_OK(mha_tensor_create(&w1, MHA_F32, 4, (int64_t[]){2, 2, 32, 64}));
     mha_sdpa_options opt;
     mha_sdpa_options_init(&opt);
     opt.attn_weights = &w0;

@@ -128,7 +128,7 @@ static int64_t numel(const mha_tensor *t) {
 /* loss = sum(dout * forward) in double, reference forward. */
 static double loss(grad_case *t) {
     mha_tensor y;
-    if (mha_tensor_alloc(&y, MHA_F32, 4, t->dout.shape) != MHA_OK)
+    if (mha_tensor_create(&y, MHA_F32, 4, t->dout.shape) != MHA_OK)
         return NAN;
     double l = NAN;
     if (mha_sdpa_forward(&y, &t->q, &t->k, &t->v, &t->opt) == MHA_OK) {
@@ -145,7 +145,7 @@ static double loss(grad_case *t) {
 static mha_status grads(grad_case *t, mha_kernel kernel, mha_tensor g[3], int with_saved) {
     const mha_tensor *in[3] = {&t->q, &t->k, &t->v};
     for (int x = 0; x < 3; x++)
-        if (mha_tensor_alloc(&g[x], MHA_F32, 4, in[x]->shape) != MHA_OK)
+        if (mha_tensor_create(&g[x], MHA_F32, 4, in[x]->shape) != MHA_OK)
             return MHA_ERR_NOMEM;
     mha_sdpa_options o = t->opt;
     o.kernel = kernel;
@@ -154,8 +154,8 @@ static mha_status grads(grad_case *t, mha_kernel kernel, mha_tensor g[3], int wi
                                  &o);
     /* saved out and lse from the forward */
     mha_tensor out, lse;
-    mha_tensor_alloc(&out, MHA_F32, 4, t->dout.shape);
-    mha_tensor_alloc(&lse, MHA_F32, 3, t->dout.shape);
+    mha_tensor_create(&out, MHA_F32, 4, t->dout.shape);
+    mha_tensor_create(&lse, MHA_F32, 3, t->dout.shape);
     mha_sdpa_options fo = t->opt;
     fo.lse = &lse;
     mha_status st = mha_sdpa_forward(&out, &t->q, &t->k, &t->v, &fo);
@@ -453,7 +453,7 @@ TEST(grad_sdpa_accumulates_and_validates) {
     mha_tensor g[3];
     REQUIRE_OK(grads(&t, MHA_KERNEL_SCALAR, g, 0));
     mha_tensor dq2;
-    REQUIRE_OK(mha_tensor_alloc(&dq2, MHA_F32, 4, t.q.shape));
+    REQUIRE_OK(mha_tensor_create(&dq2, MHA_F32, 4, t.q.shape));
     CHECK_STATUS(mha_sdpa_backward(&dq2, NULL, NULL, &t.dout, NULL, NULL, &t.q, &t.k, &t.v,
                                    &t.opt), MHA_OK);
     CHECK_STATUS(mha_sdpa_backward(&dq2, NULL, NULL, &t.dout, NULL, NULL, &t.q, &t.k, &t.v,
@@ -561,7 +561,7 @@ static const mha_tensor *mh_in(mh_case *t, int i) { return t->c.self ? &t->x[0] 
 
 static double mh_loss(mh_case *t) {
     mha_tensor y;
-    if (mha_tensor_alloc(&y, MHA_F32, t->dout.ndim, t->dout.shape) != MHA_OK)
+    if (mha_tensor_create(&y, MHA_F32, t->dout.ndim, t->dout.shape) != MHA_OK)
         return NAN;
     double l = NAN;
     if (mha_multihead_forward(&y, mh_in(t, 0), mh_in(t, 1), mh_in(t, 2), &t->w, &t->opt) ==
@@ -584,11 +584,11 @@ static mha_status mh_grads(mh_case *t, mha_kernel kernel, mha_tensor g[3], mha_t
                              &dw.out_proj_bias,  &dw.bias_k,        &dw.bias_v};
     for (int i = 0; i < 9; i++) {
         *slots[i] = NULL;
-        if (t->wd[i] && mha_tensor_alloc(&gw[i], MHA_F32, t->wt[i].ndim, t->wt[i].shape) == MHA_OK)
+        if (t->wd[i] && mha_tensor_create(&gw[i], MHA_F32, t->wt[i].ndim, t->wt[i].shape) == MHA_OK)
             *slots[i] = &gw[i];
     }
     for (int i = 0; i < 3; i++)
-        if (mha_tensor_alloc(&g[i], MHA_F32, mh_in(t, i)->ndim, mh_in(t, i)->shape) != MHA_OK)
+        if (mha_tensor_create(&g[i], MHA_F32, mh_in(t, i)->ndim, mh_in(t, i)->shape) != MHA_OK)
             return MHA_ERR_NOMEM;
     mha_multihead_options o = t->opt;
     o.kernel = kernel;
@@ -600,7 +600,7 @@ static mha_status mh_grads(mh_case *t, mha_kernel kernel, mha_tensor g[3], mha_t
         return st;
     void *saved = malloc(bytes);
     mha_tensor y;
-    mha_tensor_alloc(&y, MHA_F32, t->dout.ndim, t->dout.shape);
+    mha_tensor_create(&y, MHA_F32, t->dout.ndim, t->dout.shape);
     st = mha_multihead_forward_train(&y, saved, bytes, mh_in(t, 0), mh_in(t, 1), mh_in(t, 2),
                                      &t->w, &o);
     if (st == MHA_OK)

@@ -50,11 +50,11 @@ static void run_sdpa_case(const char *name) {
         test_fail(__FILE__, __LINE__, "%s: missing arrays", name);
         goto done;
     }
-    REQUIRE_OK(mha_tensor_alloc(&out, MHA_F32, 4, t[DOUT].shape));
-    REQUIRE_OK(mha_tensor_alloc(&lse, MHA_F32, 3, t[DOUT].shape));
+    REQUIRE_OK(mha_tensor_create(&out, MHA_F32, 4, t[DOUT].shape));
+    REQUIRE_OK(mha_tensor_create(&lse, MHA_F32, 3, t[DOUT].shape));
     for (int run = 0; run < 3; run++) {
         for (int x = 0; x < 3; x++)
-            REQUIRE_OK(mha_tensor_alloc(&g[x], MHA_F32, 4, t[DQ + x].shape));
+            REQUIRE_OK(mha_tensor_create(&g[x], MHA_F32, 4, t[DQ + x].shape));
         mha_sdpa_options o = opt;
         const mha_tensor *so = NULL, *sl = NULL;
         o.kernel = run == 0 ? MHA_KERNEL_REF : MHA_KERNEL_SCALAR;
@@ -117,7 +117,7 @@ static void run_mha_case(const char *name) {
         snprintf(file, sizeof file, "grad_%s.npy", PARAMS[i]);
         gp[i] = NULL;
         if (wp[i] && fixture_optional(&f, file, MHA_F32, &gref[i]) &&
-            mha_tensor_alloc(&gout[i], MHA_F32, wt[i].ndim, wt[i].shape) == MHA_OK)
+            mha_tensor_create(&gout[i], MHA_F32, wt[i].ndim, wt[i].shape) == MHA_OK)
             gp[i] = &gout[i];
     }
     const char *ins[5] = {"query.npy", "key.npy", "value.npy", "key_padding_mask.npy",
@@ -149,7 +149,7 @@ static void run_mha_case(const char *name) {
     const mha_tensor *key = self ? ip[0] : ip[1], *value = self ? ip[0] : ip[2];
     for (int i = 0; i < 3; i++)
         if (rp[i])
-            mha_tensor_alloc(&din[i], MHA_F32, iref[i].ndim, iref[i].shape);
+            mha_tensor_create(&din[i], MHA_F32, iref[i].ndim, iref[i].shape);
     int batched = io[0].ndim == 3;
     int64_t B = batched ? io[0].shape[0] : 1, L = io[0].shape[batched], E = io[0].shape[batched + 1];
     int64_t S = key->shape[batched];
@@ -158,7 +158,7 @@ static void run_mha_case(const char *name) {
                                         opt.add_zero_attn, &bytes));
     saved = malloc(bytes);
     mha_tensor out;
-    REQUIRE_OK(mha_tensor_alloc(&out, MHA_F32, dout.ndim, dout.shape));
+    REQUIRE_OK(mha_tensor_create(&out, MHA_F32, dout.ndim, dout.shape));
     mha_status st = mha_multihead_forward_train(&out, saved, bytes, ip[0], key, value, &w, &opt);
     if (st == MHA_OK)
         st = mha_multihead_backward(&din[0], self ? NULL : &din[1], self ? NULL : &din[2], &dw,

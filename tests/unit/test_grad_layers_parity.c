@@ -36,7 +36,7 @@ static mha_tensor *load(bag *b, const char *name, bool mask) {
 static mha_tensor *zeros_like(bag *b, const mha_tensor *like, const char *name) {
     if (!like || b->n == MAX_T)
         return NULL;
-    if (mha_tensor_alloc(&b->t[b->n], MHA_F32, like->ndim, like->shape) != MHA_OK) {
+    if (mha_tensor_create(&b->t[b->n], MHA_F32, like->ndim, like->shape) != MHA_OK) {
         b->failed = true;
         return NULL;
     }
@@ -165,7 +165,7 @@ static double run_layer(const fixture *f, bag *b, int threads, float **keep, int
         return INFINITY;
     float *saved = malloc(sb), *ws = malloc(wb);
     mha_tensor out;
-    mha_tensor_alloc(&out, MHA_F32, x->ndim, x->shape);
+    mha_tensor_create(&out, MHA_F32, x->ndim, x->shape);
     int old = mha_get_num_threads();
     if (threads > 0)
         mha_set_num_threads(threads);
@@ -271,7 +271,7 @@ static double run_stack(const fixture *f, bag *b, int threads, double *worst_all
         return INFINITY;
     float *saved = malloc(sb), *ws = malloc(wb);
     mha_tensor out;
-    mha_tensor_alloc(&out, MHA_F32, x->ndim, x->shape);
+    mha_tensor_create(&out, MHA_F32, x->ndim, x->shape);
     mha_encoder_weights es = {NL, ew, fn, nw, nb};
     mha_decoder_weights ds = {NL, dw, fn, nw, nb};
     mha_encoder_grads egs = {eg, dnw, dnb};
@@ -467,7 +467,7 @@ TEST(grad_layers_dropout_finite_differences) {
         REQUIRE_OK(mha_layer_train_workspace_size(B, L, S, E, F, opt.num_heads, &wb));
         float *saved = malloc(sb), *ws = malloc(wb);
         mha_tensor out;
-        REQUIRE_OK(mha_tensor_alloc(&out, MHA_F32, x->ndim, x->shape));
+        REQUIRE_OK(mha_tensor_create(&out, MHA_F32, x->ndim, x->shape));
 #define FWD()                                                                                  \
     (dec ? mha_decoder_layer_forward_train(&out, saved, sb, x, mem, &dw, &masks, &opt, ws, wb) \
          : mha_encoder_layer_forward_train(&out, saved, sb, x, &ew, &masks, &opt, ws, wb))

@@ -224,7 +224,7 @@ TEST(io_branches_npy_every_dtype_to_every_kind) {
     mha_file f;
     mha_file_open_mem(&f, (const uint8_t *)"", 0, NULL);
     CHECK_STATUS(mha_npy_read(&f, MHA_F32, 0, 0, NULL, NULL), MHA_ERR_NULL);
-    CHECK_STATUS(mha_npy_load("x.npy", MHA_F32, NULL), MHA_ERR_NULL);
+    CHECK_STATUS(mha_npy_load(NULL, "x.npy", MHA_F32), MHA_ERR_NULL);
 }
 
 TEST(io_branches_npy_save_api) {
@@ -232,42 +232,42 @@ TEST(io_branches_npy_save_api) {
     float x[4] = {1, 2, 3, 4};
     mha_tensor t;
     REQUIRE_OK(mha_tensor_init(&t, MHA_F32, x, 2, (int64_t[]){2, 2}));
-    CHECK_STATUS(mha_npy_save(NULL, &t, MHA_F32), MHA_ERR_NULL);
+    CHECK_STATUS(mha_npy_save(&t, NULL, MHA_F32), MHA_ERR_NULL);
     mha_tensor bad = t;
     bad.ndim = -1;
-    CHECK_STATUS(mha_npy_save(p, &bad, MHA_F32), MHA_ERR_SHAPE);
+    CHECK_STATUS(mha_npy_save(&bad, p, MHA_F32), MHA_ERR_SHAPE);
     bad.ndim = MHA_MAX_DIMS + 1;
-    CHECK_STATUS(mha_npy_save(p, &bad, MHA_F32), MHA_ERR_SHAPE);
-    CHECK_STATUS(mha_npy_save(p, &t, MHA_BOOL), MHA_ERR_DTYPE);
+    CHECK_STATUS(mha_npy_save(&bad, p, MHA_F32), MHA_ERR_SHAPE);
+    CHECK_STATUS(mha_npy_save(&t, p, MHA_BOOL), MHA_ERR_DTYPE);
     int64_t iv[2] = {1, 2};
     mha_tensor ti;
     REQUIRE_OK(mha_tensor_init(&ti, MHA_I64, iv, 1, (int64_t[]){2}));
-    CHECK_STATUS(mha_npy_save(p, &ti, MHA_I64), MHA_ERR_DTYPE);
-    CHECK_STATUS(mha_npy_save(p, &ti, MHA_F32), MHA_ERR_DTYPE);
+    CHECK_STATUS(mha_npy_save(&ti, p, MHA_I64), MHA_ERR_DTYPE);
+    CHECK_STATUS(mha_npy_save(&ti, p, MHA_F32), MHA_ERR_DTYPE);
     bad = t;
     bad.shape[0] = -1;
-    CHECK(mha_npy_save(p, &bad, MHA_F32) != MHA_OK);
+    CHECK(mha_npy_save(&bad, p, MHA_F32) != MHA_OK);
     bad = t;
     bad.data = NULL;
-    CHECK_STATUS(mha_npy_save(p, &bad, MHA_F32), MHA_ERR_NULL);
-    CHECK_STATUS(mha_npy_save(p, NULL, MHA_F32), MHA_ERR_NULL);
-    CHECK_STATUS(mha_npy_save(p, &t, MHA_F16), MHA_OK);
+    CHECK_STATUS(mha_npy_save(&bad, p, MHA_F32), MHA_ERR_NULL);
+    CHECK_STATUS(mha_npy_save(NULL, p, MHA_F32), MHA_ERR_NULL);
+    CHECK_STATUS(mha_npy_save(&t, p, MHA_F16), MHA_OK);
     uint8_t bv[2] = {0, 3};
     mha_tensor tbool;
     REQUIRE_OK(mha_tensor_init(&tbool, MHA_BOOL, bv, 1, (int64_t[]){2}));
-    CHECK_STATUS(mha_npy_save(p, &tbool, MHA_BOOL), MHA_OK);
+    CHECK_STATUS(mha_npy_save(&tbool, p, MHA_BOOL), MHA_OK);
     bad = t;
     bad.stride[0] = -100; /* reaches before the data */
-    CHECK(mha_npy_save(p, &bad, MHA_F32) != MHA_OK);
-    CHECK_STATUS(mha_npy_save("/nonexistent-dir/x.npy", &t, MHA_F32), MHA_ERR_IO);
+    CHECK(mha_npy_save(&bad, p, MHA_F32) != MHA_OK);
+    CHECK_STATUS(mha_npy_save(&t, "/nonexistent-dir/x.npy", MHA_F32), MHA_ERR_IO);
 
     /* F16 tensor as F16, and more data than one write buffer */
     uint16_t h[3] = {0x3c00, 0x4000, 0x4200};
     mha_tensor th;
     REQUIRE_OK(mha_tensor_init(&th, MHA_F16, h, 1, (int64_t[]){3}));
-    REQUIRE_OK(mha_npy_save(p, &th, MHA_F16));
+    REQUIRE_OK(mha_npy_save(&th, p, MHA_F16));
     mha_tensor back;
-    REQUIRE_OK(mha_npy_load(p, MHA_F32, &back));
+    REQUIRE_OK(mha_npy_load(&back, p, MHA_F32));
     CHECK(((float *)back.data)[2] == 3.0f);
     mha_tensor_free(&back);
     static float big[5000];
@@ -275,8 +275,8 @@ TEST(io_branches_npy_save_api) {
         big[i] = (float)i;
     mha_tensor tb;
     REQUIRE_OK(mha_tensor_init(&tb, MHA_F32, big, 1, (int64_t[]){5000}));
-    REQUIRE_OK(mha_npy_save(p, &tb, MHA_F32));
-    REQUIRE_OK(mha_npy_load(p, MHA_F32, &back));
+    REQUIRE_OK(mha_npy_save(&tb, p, MHA_F32));
+    REQUIRE_OK(mha_npy_load(&back, p, MHA_F32));
     CHECK(back.shape[0] == 5000 && ((float *)back.data)[4999] == 4999.0f);
     mha_tensor_free(&back);
     remove(p);
@@ -379,8 +379,8 @@ TEST(io_branches_safetensors_names_escapes_and_integer_dtypes) {
     CHECK_STATUS(mha_safetensors_info(st, 10, NULL, NULL, NULL), MHA_OK);
     mha_safetensors_free(st);
     mha_safetensors_free(NULL);
-    CHECK_STATUS(mha_safetensors_open("x", NULL), MHA_ERR_NULL);
-    CHECK_STATUS(mha_safetensors_open("/nonexistent-dir/x", &st), MHA_ERR_IO);
+    CHECK_STATUS(mha_safetensors_open(NULL, "x"), MHA_ERR_NULL);
+    CHECK_STATUS(mha_safetensors_open(&st, "/nonexistent-dir/x"), MHA_ERR_IO);
     CHECK(st == NULL);
 
     /* read without a mapping: every read path, then a failing data read */
@@ -461,12 +461,12 @@ TEST(io_branches_safetensors_write_api) {
     const mha_tensor *tm[3] = {&th, &tbool, &tbig};
     REQUIRE_OK(mha_safetensors_write(p, nm, tm, 3, NULL, NULL, 0));
     mha_safetensors *st;
-    REQUIRE_OK(mha_safetensors_open(p, &st));
+    REQUIRE_OK(mha_safetensors_open(&st, p));
     CHECK(mha_safetensors_count(st) == 3);
     mha_safetensors_free(st);
     /* unmapped: a large tensor is read in several chunks; a failing chunk */
     mha_test_fail_io(2, 0, MHA_IO_FAULT_FAIL); /* read of the length, then the map */
-    REQUIRE_OK(mha_safetensors_open(p, &st));
+    REQUIRE_OK(mha_safetensors_open(&st, p));
     mha_tensor got;
     REQUIRE_OK(mha_safetensors_get_f32(st, "c", &got));
     CHECK(got.shape[0] == 5000);

@@ -33,14 +33,14 @@ TEST(io_corpus_each_file_fails_as_listed) {
         mha_status got;
         if (!strncmp(file, "npy/", 4)) {
             mha_tensor t;
-            got = mha_npy_load(fp, MHA_F32, &t);
+            got = mha_npy_load(&t, fp, MHA_F32);
             if (got == MHA_OK)
                 mha_tensor_free(&t);
             else
                 CHECK(t.data == NULL);
         } else {
             mha_safetensors *st;
-            got = mha_safetensors_open(fp, &st);
+            got = mha_safetensors_open(&st, fp);
             if (got == MHA_OK)
                 mha_safetensors_free(st);
             else

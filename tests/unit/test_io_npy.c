@@ -57,19 +57,19 @@ TEST(npy_numpy_dtypes_load_as_float_bool_int) {
         char name[64];
         snprintf(name, sizeof name, "np_%s_3x5.npy", tags[t]);
         mha_tensor x;
-        REQUIRE_OK(mha_npy_load(io_path(name), MHA_F32, &x));
+        REQUIRE_OK(mha_npy_load(&x, io_path(name), MHA_F32));
         CHECK(x.dtype == MHA_F32 && x.ndim == 2 && x.shape[0] == 3 && x.shape[1] == 5);
         for (int64_t i = 0; i < 15; i++)
             CHECK(((float *)x.data)[i] == (float)expect(tags[t], i));
         mha_tensor_free(&x);
 
-        REQUIRE_OK(mha_npy_load(io_path(name), MHA_BOOL, &x));
+        REQUIRE_OK(mha_npy_load(&x, io_path(name), MHA_BOOL));
         for (int64_t i = 0; i < 15; i++)
             CHECK(((uint8_t *)x.data)[i] == (expect(tags[t], i) != 0));
         mha_tensor_free(&x);
 
         mha_dtype fd;
-        REQUIRE_OK(mha_npy_load_any(io_path(name), 1, &x, &fd));
+        REQUIRE_OK(mha_npy_load_any(&x, &fd, io_path(name), 1));
         bool is_float = tags[t][0] == 'f';
         CHECK(x.dtype == (is_float ? MHA_F32 : MHA_BOOL));
         CHECK(fd == (!strcmp(tags[t], "f2") ? MHA_F16
@@ -78,7 +78,7 @@ TEST(npy_numpy_dtypes_load_as_float_bool_int) {
                                             : MHA_I64));
         mha_tensor_free(&x);
 
-        mha_status st = mha_npy_load(io_path(name), MHA_I64, &x);
+        mha_status st = mha_npy_load(&x, io_path(name), MHA_I64);
         if (is_float) {
             CHECK(st == MHA_ERR_DTYPE);
             CHECK(x.data == NULL);
@@ -105,7 +105,7 @@ TEST(npy_shapes_versions_and_fortran_order) {
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         mha_tensor x;
-        REQUIRE_OK(mha_npy_load(io_path(cases[c].file), MHA_F32, &x));
+        REQUIRE_OK(mha_npy_load(&x, io_path(cases[c].file), MHA_F32));
         CHECK(x.ndim == cases[c].ndim);
         int64_t n = 1;
         for (int k = 0; k < x.ndim; k++) {
@@ -121,10 +121,10 @@ TEST(npy_shapes_versions_and_fortran_order) {
         mha_tensor_free(&x);
     }
     mha_tensor x;
-    CHECK_STATUS(mha_npy_load(io_path("np_f4_3x5_bigendian.npy"), MHA_F32, &x),
+    CHECK_STATUS(mha_npy_load(&x, io_path("np_f4_3x5_bigendian.npy"), MHA_F32),
                  MHA_ERR_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("big-endian");
-    CHECK_STATUS(mha_npy_load(io_path("no_such_file.npy"), MHA_F32, &x), MHA_ERR_IO);
+    CHECK_STATUS(mha_npy_load(&x, io_path("no_such_file.npy"), MHA_F32), MHA_ERR_IO);
     CHECK_ERROR_MENTIONS("no_such_file.npy");
 }
 
@@ -156,7 +156,7 @@ TEST(npy_writer_is_byte_identical_to_numpy_save) {
         REQUIRE_OK(mha_tensor_init(&t, cases[c].as == MHA_BOOL ? MHA_BOOL : MHA_F32,
                                    cases[c].as == MHA_BOOL ? (void *)b : (void *)v,
                                    cases[c].ndim, cases[c].shape));
-        REQUIRE_OK(mha_npy_save(tmp, &t, cases[c].as));
+        REQUIRE_OK(mha_npy_save(&t, tmp, cases[c].as));
         if (!same_files(tmp, io_path(cases[c].file)))
             test_fail(__FILE__, __LINE__, "mha_npy_save differs from numpy for %s",
                       cases[c].file);
@@ -170,11 +170,11 @@ TEST(npy_writer_is_byte_identical_to_numpy_save) {
     mha_tensor t;
     REQUIRE_OK(mha_tensor_init(&t, MHA_F32, tr, 2, (int64_t[]){3, 5}));
     t.stride[0] = 1, t.stride[1] = 3;
-    REQUIRE_OK(mha_npy_save(tmp, &t, MHA_F32));
+    REQUIRE_OK(mha_npy_save(&t, tmp, MHA_F32));
     CHECK(same_files(tmp, io_path("np_f4_3x5.npy")));
     /* wrong dtype pairs are refused and leave no file */
     remove(tmp);
-    CHECK_STATUS(mha_npy_save(tmp, &t, MHA_I64), MHA_ERR_DTYPE);
+    CHECK_STATUS(mha_npy_save(&t, tmp, MHA_I64), MHA_ERR_DTYPE);
     FILE *f = fopen(tmp, "rb");
     CHECK(f == NULL);
     if (f)
@@ -184,8 +184,8 @@ TEST(npy_writer_is_byte_identical_to_numpy_save) {
 
 TEST(npy_float16_conversions_match_numpy) {
     mha_tensor h, f;
-    REQUIRE_OK(mha_npy_load(io_path("np_f2_all.npy"), MHA_F32, &h));
-    REQUIRE_OK(mha_npy_load(io_path("np_f2_all_as_f4.npy"), MHA_F32, &f));
+    REQUIRE_OK(mha_npy_load(&h, io_path("np_f2_all.npy"), MHA_F32));
+    REQUIRE_OK(mha_npy_load(&f, io_path("np_f2_all_as_f4.npy"), MHA_F32));
     REQUIRE(h.shape[0] == 65536 && f.shape[0] == 65536);
     int bad = 0;
     for (int64_t i = 0; i < 65536; i++) {
@@ -198,8 +198,8 @@ TEST(npy_float16_conversions_match_numpy) {
     mha_tensor_free(&h);
     mha_tensor_free(&f);
 
-    REQUIRE_OK(mha_npy_load(io_path("np_f4_rounding.npy"), MHA_F32, &f));
-    REQUIRE_OK(mha_npy_load(io_path("np_f4_rounding_as_f2.npy"), MHA_F16, &h));
+    REQUIRE_OK(mha_npy_load(&f, io_path("np_f4_rounding.npy"), MHA_F32));
+    REQUIRE_OK(mha_npy_load(&h, io_path("np_f4_rounding_as_f2.npy"), MHA_F16));
     REQUIRE(f.shape[0] == h.shape[0] && h.dtype == MHA_F16);
     bad = 0;
     for (int64_t i = 0; i < f.shape[0]; i++) {
@@ -227,17 +227,17 @@ TEST(npy_io_fault_injection) {
     static const char *files[] = {"np_f4_3x5_v2.npy", "np_f8_2x3x4_fortran.npy", "np_b1_7x8.npy"};
     for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
         mha_tensor ref;
-        REQUIRE_OK(mha_npy_load(io_path(files[fi]), MHA_F32, &ref));
+        REQUIRE_OK(mha_npy_load(&ref, io_path(files[fi]), MHA_F32));
         int64_t before = mha_test_io_count();
         mha_tensor x;
-        REQUIRE_OK(mha_npy_load(io_path(files[fi]), MHA_F32, &x));
+        REQUIRE_OK(mha_npy_load(&x, io_path(files[fi]), MHA_F32));
         int64_t reads = mha_test_io_count() - before;
         mha_tensor_free(&x);
         CHECK(reads >= 2);
         for (int fault = 0; fault < 3; fault++)
             for (int64_t k = 1; k <= reads + 1; k++) {
                 mha_test_fail_io(k, fault == MHA_IO_FAULT_FAIL, (mha_io_fault)fault);
-                mha_status st = mha_npy_load(io_path(files[fi]), MHA_F32, &x);
+                mha_status st = mha_npy_load(&x, io_path(files[fi]), MHA_F32);
                 mha_test_fail_io(0, 0, MHA_IO_FAULT_FAIL);
                 if (fault == MHA_IO_FAULT_SHORT || k > reads) {
                     CHECK(st == MHA_OK);
@@ -259,7 +259,7 @@ TEST(npy_allocation_failures_are_clean) {
     for (int64_t k = 1; k <= 4; k++) {
         mha_tensor x;
         mha_test_fail_alloc(k, 1);
-        mha_status st = mha_npy_load(io_path("np_f8_2x3x4_fortran.npy"), MHA_F32, &x);
+        mha_status st = mha_npy_load(&x, io_path("np_f8_2x3x4_fortran.npy"), MHA_F32);
         mha_test_fail_alloc(0, 0);
         CHECK(st == MHA_OK || st == MHA_ERR_NOMEM);
         injected += st == MHA_ERR_NOMEM;

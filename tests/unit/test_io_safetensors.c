@@ -14,7 +14,7 @@ static const char *st_path(const char *name) {
 
 TEST(safetensors_python_file_dtypes_convert_exactly) {
     mha_safetensors *st;
-    REQUIRE_OK(mha_safetensors_open(st_path("st_dtypes.safetensors"), &st));
+    REQUIRE_OK(mha_safetensors_open(&st, st_path("st_dtypes.safetensors")));
     CHECK(mha_safetensors_count(st) == 8);
     static const char *names[] = {"f32", "f16", "bf16", "f64", "i64", "u8"};
     for (size_t n = 0; n < sizeof names / sizeof *names; n++) {
@@ -55,7 +55,7 @@ TEST(safetensors_python_file_dtypes_convert_exactly) {
 
 TEST(safetensors_views_map_aligned_and_copy_misaligned) {
     mha_safetensors *st;
-    REQUIRE_OK(mha_safetensors_open(st_path("st_misaligned.safetensors"), &st));
+    REQUIRE_OK(mha_safetensors_open(&st, st_path("st_misaligned.safetensors")));
     mha_tensor v;
     REQUIRE_OK(mha_safetensors_view_f32(st, "b_f32", &v));
     CHECK(((uintptr_t)v.data & 3) == 0);
@@ -65,7 +65,7 @@ TEST(safetensors_views_map_aligned_and_copy_misaligned) {
     CHECK(((float *)v.data)[2] == 3.0f);
     mha_safetensors_free(st);
 
-    REQUIRE_OK(mha_safetensors_open(st_path("st_dtypes.safetensors"), &st));
+    REQUIRE_OK(mha_safetensors_open(&st, st_path("st_dtypes.safetensors")));
     REQUIRE_OK(mha_safetensors_view_f32(st, "f32", &v));
     CHECK(((float *)v.data)[14] == 1.75f);
     mha_safetensors_free(st);
@@ -91,7 +91,7 @@ TEST(safetensors_write_read_round_trip) {
     const char *tmp = "build-test-st.safetensors";
     REQUIRE_OK(mha_safetensors_write(tmp, names, ts, 5, keys, vals, 2));
     mha_safetensors *st;
-    REQUIRE_OK(mha_safetensors_open(tmp, &st));
+    REQUIRE_OK(mha_safetensors_open(&st, tmp));
     CHECK(mha_safetensors_count(st) == 5);
     CHECK(!strcmp(mha_safetensors_name(st, 1), "b \"q\""));
     CHECK(!strcmp(mha_safetensors_metadata(st, "k\n"), "v\\"));
@@ -119,7 +119,7 @@ TEST(safetensors_write_read_round_trip) {
     CHECK_STATUS(mha_safetensors_write(tmp, dup, two, 2, NULL, NULL, 0), MHA_ERR_VALUE);
     /* an empty file (no tensors) is valid */
     REQUIRE_OK(mha_safetensors_write(tmp, NULL, NULL, 0, NULL, NULL, 0));
-    REQUIRE_OK(mha_safetensors_open(tmp, &st));
+    REQUIRE_OK(mha_safetensors_open(&st, tmp));
     CHECK(mha_safetensors_count(st) == 0);
     mha_safetensors_free(st);
     remove(tmp);
@@ -130,13 +130,13 @@ TEST(safetensors_io_and_alloc_fault_injection) {
     const char *path = st_path("st_dtypes.safetensors");
     int64_t before = mha_test_io_count();
     mha_safetensors *st;
-    REQUIRE_OK(mha_safetensors_open(path, &st));
+    REQUIRE_OK(mha_safetensors_open(&st, path));
     mha_safetensors_free(st);
     int64_t ops = mha_test_io_count() - before;
     for (int fault = 0; fault < 3; fault++)
         for (int64_t k = 1; k <= ops + 1; k++) {
             mha_test_fail_io(k, 1, (mha_io_fault)fault);
-            mha_status s = mha_safetensors_open(path, &st);
+            mha_status s = mha_safetensors_open(&st, path);
             mha_tensor t = {0};
             if (s == MHA_OK)
                 s = mha_safetensors_get_f32(st, "f64", &t); /* may read (mapping failed) */
@@ -153,7 +153,7 @@ TEST(safetensors_io_and_alloc_fault_injection) {
         }
     for (int64_t k = 1; k <= 40; k++) {
         mha_test_fail_alloc(k, 1);
-        mha_status s = mha_safetensors_open(path, &st);
+        mha_status s = mha_safetensors_open(&st, path);
         mha_test_fail_alloc(0, 0);
         CHECK(s == MHA_OK || s == MHA_ERR_NOMEM);
         CHECK((s == MHA_OK) == (st != NULL));

@@ -271,7 +271,7 @@ static double run_layer_case(const fixture *f, held *h) {
     if (h->failed || !x || !ref || (dec && !mem))
         return INFINITY;
     mha_tensor out;
-    if (mha_tensor_alloc(&out, MHA_F32, x->ndim, x->shape) != MHA_OK)
+    if (mha_tensor_create(&out, MHA_F32, x->ndim, x->shape) != MHA_OK)
         return INFINITY;
     int64_t B = x->ndim == 3 ? x->shape[0] : 1, L = x->shape[x->ndim - 2], E = x->shape[x->ndim - 1];
     int64_t S = mem ? mem->shape[mem->ndim - 2] : L;
@@ -319,7 +319,7 @@ static double run_piece_case(const fixture *f, held *h) {
     if (!x || !ref)
         return INFINITY;
     mha_tensor out;
-    if (mha_tensor_alloc(&out, MHA_F32, ref->ndim, ref->shape) != MHA_OK)
+    if (mha_tensor_create(&out, MHA_F32, ref->ndim, ref->shape) != MHA_OK)
         return INFINITY;
     float eps = strtof(fixture_str(f, "eps"), NULL);
     mha_activation act = act_of(fixture_str(f, "activation"));

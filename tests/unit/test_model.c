@@ -112,7 +112,7 @@ TEST(model_checkpoint_resume_is_bit_identical) {
     mha_model *a;
     mha_adamw oa;
     REQUIRE_OK(mha_model_create(&a, &c, 5));
-    REQUIRE_OK(mha_adamw_init(&oa, mha_model_num_params(a), &o));
+    REQUIRE_OK(mha_adamw_create(&oa, mha_model_num_params(a), &o));
     train_steps(a, &oa, 0, 8);
 
     /* 4 steps, checkpoint, fresh process state, 4 more */
@@ -120,12 +120,12 @@ TEST(model_checkpoint_resume_is_bit_identical) {
     mha_adamw ob, orr;
     memset(&orr, 0, sizeof orr);
     REQUIRE_OK(mha_model_create(&b, &c, 5));
-    REQUIRE_OK(mha_adamw_init(&ob, mha_model_num_params(b), &o));
+    REQUIRE_OK(mha_adamw_create(&ob, mha_model_num_params(b), &o));
     train_steps(b, &ob, 0, 4);
     CHECK_STATUS(mha_model_save(b, wpath, opath, &ob, 4, 5), MHA_OK);
     int64_t step;
     uint64_t seed;
-    REQUIRE_OK(mha_model_load(&r, wpath, opath, &orr, &step, &seed));
+    REQUIRE_OK(mha_model_open(&r, wpath, opath, &orr, &step, &seed));
     CHECK(step == 4 && seed == 5 && orr.step == 4);
     CHECK(orr.opt.lr == o.lr && orr.opt.max_grad_norm == 1.0);
     const mha_model_config *rc = mha_model_get_config(r);
@@ -149,14 +149,14 @@ TEST(model_checkpoint_resume_is_bit_identical) {
     mha_model *bad = NULL;
     mha_adamw ox;
     memset(&ox, 0, sizeof ox);
-    CHECK_STATUS(mha_model_load(&bad, wpath, "/nonexistent/opt.safetensors", &ox, NULL, NULL),
+    CHECK_STATUS(mha_model_open(&bad, wpath, "/nonexistent/opt.safetensors", &ox, NULL, NULL),
                  MHA_ERR_IO);
     CHECK(bad == NULL);
-    CHECK_STATUS(mha_model_load(&bad, opath, NULL, NULL, NULL, NULL), MHA_ERR_FORMAT);
+    CHECK_STATUS(mha_model_open(&bad, opath, NULL, NULL, NULL, NULL), MHA_ERR_FORMAT);
     CHECK_STATUS(mha_model_save(a, wpath, opath, NULL, 0, 0), MHA_ERR_NULL);
 
     mha_model_free(a), mha_model_free(b), mha_model_free(r);
-    mha_adamw_release(&oa), mha_adamw_release(&ob), mha_adamw_release(&orr);
+    mha_adamw_free(&oa), mha_adamw_free(&ob), mha_adamw_free(&orr);
     unlink(wpath), unlink(opath), rmdir(dir);
 }
 
@@ -199,7 +199,7 @@ TEST(model_step_bit_identical_any_threads) {
         mha_adamw_options oo;
         mha_adamw_options_init(&oo);
         REQUIRE_OK(mha_model_create(&m, &c, 9));
-        REQUIRE_OK(mha_adamw_init(&o, mha_model_num_params(m), &oo));
+        REQUIRE_OK(mha_adamw_create(&o, mha_model_num_params(m), &oo));
         n = mha_model_num_params(m);
         int64_t tok[8 * 12], tgt[8 * 12];
         tokens_for(tok, tgt, 8 * 12, c.vocab, 77);
@@ -211,7 +211,7 @@ TEST(model_step_bit_identical_any_threads) {
         REQUIRE_OK(mha_adamw_step(&o, mha_model_params(m), mha_model_grads(m), NULL));
         memcpy(p[t], mha_model_params(m), sizeof(float) * (size_t)n);
         mha_model_free(m);
-        mha_adamw_release(&o);
+        mha_adamw_free(&o);
     }
     mha_set_num_threads(old);
     for (int t = 1; t < 3; t++) {
@@ -241,7 +241,7 @@ static mha_status step_and_checkpoint(const char *wpath, const char *opath) {
     int64_t tok[8] = {1, 2, 3, 4, 5, 0, 1, 2}, tgt[8] = {2, 3, -1, 5, 0, 1, 2, 3};
     mha_status st = mha_model_create(&m, &c, 4);
     if (st == MHA_OK)
-        st = mha_adamw_init(&o, mha_model_num_params(m), &oo);
+        st = mha_adamw_create(&o, mha_model_num_params(m), &oo);
     if (st == MHA_OK)
         st = mha_model_forward(m, tok, tgt, 2, 4, 1, 3, NULL);
     if (st == MHA_OK)
@@ -251,14 +251,14 @@ static mha_status step_and_checkpoint(const char *wpath, const char *opath) {
     if (st == MHA_OK)
         st = mha_model_save(m, wpath, opath, &o, 1, 4);
     if (st == MHA_OK) {
-        st = mha_model_load(&r, wpath, opath, &o2, NULL, NULL);
+        st = mha_model_open(&r, wpath, opath, &o2, NULL, NULL);
         if (st == MHA_OK)
-            mha_adamw_release(&o2);
+            mha_adamw_free(&o2);
         else
             CHECK(r == NULL && o2.m == NULL && o2.v == NULL);
     }
     mha_model_free(r), mha_model_free(m);
-    mha_adamw_release(&o);
+    mha_adamw_free(&o);
     return st;
 }
 

@@ -71,7 +71,7 @@ static mha_status call_tensor_alloc(void *ctx) {
     (void)ctx;
     mha_tensor t;
     memset(&t, 0xAB, sizeof t); /* garbage in: a failed call must not leave it */
-    mha_status st = mha_tensor_alloc(&t, MHA_F32, 3, (int64_t[]){2, 3, 5});
+    mha_status st = mha_tensor_create(&t, MHA_F32, 3, (int64_t[]){2, 3, 5});
     if (st == MHA_OK) {
         CHECK(((float *)t.data)[29] == 0.0f);
         mha_tensor_free(&t);
@@ -83,7 +83,7 @@ static mha_status call_tensor_alloc(void *ctx) {
     return st;
 }
 
-TEST(oom_tensor_alloc) { CHECK(oom_loop("mha_tensor_alloc", call_tensor_alloc, NULL) >= 1); }
+TEST(oom_tensor_alloc) { CHECK(oom_loop("mha_tensor_create", call_tensor_alloc, NULL) >= 1); }
 
 /* ---- scaled dot-product attention ------------------------------------------- */
 
@@ -326,8 +326,8 @@ static mha_status call_npy_load(void *ctx) {
     mha_tensor t;
     memset(&t, 0xAB, sizeof t);
     mha_dtype fd;
-    mha_status st = c->any ? mha_npy_load_any(c->path, c->as_mask, &t, &fd)
-                           : mha_npy_load(c->path, c->want, &t);
+    mha_status st = c->any ? mha_npy_load_any(&t, &fd, c->path, c->as_mask)
+                           : mha_npy_load(&t, c->path, c->want);
     if (st == MHA_OK)
         mha_tensor_free(&t);
     else
@@ -357,7 +357,7 @@ typedef struct save_ctx {
 
 static mha_status call_npy_save(void *ctx) {
     save_ctx *c = ctx;
-    mha_status st = mha_npy_save(tmp_file(), c->t, c->as);
+    mha_status st = mha_npy_save(c->t, tmp_file(), c->as);
     if (st != MHA_OK)
         check_no_partial_file();
     remove(tmp_file());
@@ -468,7 +468,7 @@ TEST(io_faults_npy_load_and_save) {
 static mha_status call_safetensors(void *ctx) {
     const char *path = ctx;
     mha_safetensors *st = (mha_safetensors *)(uintptr_t)1; /* garbage in */
-    mha_status s = mha_safetensors_open(path, &st);
+    mha_status s = mha_safetensors_open(&st, path);
     if (s != MHA_OK) {
         CHECK(st == NULL);
         return s;
@@ -697,7 +697,7 @@ static mha_status call_model(void *ctx) {
     mha_model_free(m);
     if (st == MHA_OK) {
         mha_model *m2 = (mha_model *)(uintptr_t)1;
-        st = mha_model_load(&m2, path, NULL, NULL, NULL, NULL);
+        st = mha_model_open(&m2, path, NULL, NULL, NULL, NULL);
         if (st == MHA_OK)
             mha_model_free(m2);
         else
@@ -751,7 +751,7 @@ TEST(regression_safetensors_many_metadata_pairs) {
     }
     REQUIRE_OK(mha_safetensors_write(tmp_file(), names, ts, 1, keys, values, 40));
     mha_safetensors *st = NULL;
-    CHECK_STATUS(mha_safetensors_open(tmp_file(), &st), MHA_OK);
+    CHECK_STATUS(mha_safetensors_open(&st, tmp_file()), MHA_OK);
     CHECK(mha_safetensors_metadata_count(st) == 40);
     CHECK(st && mha_safetensors_metadata(st, "k39") && !strcmp(mha_safetensors_metadata(st, "k39"), "v39"));
     mha_safetensors_free(st);

@@ -28,7 +28,7 @@ TEST(optim_adamw_matches_torch) {
         o.weight_decay = atof(fixture_str(&f, "weight_decay"));
         o.max_grad_norm = atof(fixture_str(&f, "max_grad_norm"));
         mha_adamw a;
-        REQUIRE_OK(mha_adamw_init(&a, n, &o));
+        REQUIRE_OK(mha_adamw_create(&a, n, &o));
         float *p = malloc(sizeof(float) * n), *g = malloc(sizeof(float) * n);
         memcpy(p, p0.data, sizeof(float) * n);
         for (int64_t s = 0; s < steps; s++) {
@@ -45,7 +45,7 @@ TEST(optim_adamw_matches_torch) {
         CHECK(a.step == steps);
         CHECK(test_rel_err(a.m, m.data, n) <= 1e-6);
         CHECK(test_rel_err(a.v, v.data, n) <= 1e-6);
-        mha_adamw_release(&a);
+        mha_adamw_free(&a);
         free(p), free(g);
         mha_tensor_free(&p0), mha_tensor_free(&grads), mha_tensor_free(&params);
         mha_tensor_free(&m), mha_tensor_free(&v);
@@ -68,17 +68,17 @@ TEST(optim_clip_and_errors) {
     CHECK(o.lr == 1e-3 && o.beta1 == 0.9 && o.beta2 == 0.999 && o.eps == 1e-8 &&
           o.weight_decay == 1e-2);
     o.beta1 = 1.0;
-    CHECK_STATUS(mha_adamw_init(&a, 4, &o), MHA_ERR_VALUE);
+    CHECK_STATUS(mha_adamw_create(&a, 4, &o), MHA_ERR_VALUE);
     o.beta1 = 0.9, o.lr = NAN;
-    CHECK_STATUS(mha_adamw_init(&a, 4, &o), MHA_ERR_VALUE);
+    CHECK_STATUS(mha_adamw_create(&a, 4, &o), MHA_ERR_VALUE);
     o.lr = 1e-3;
-    CHECK_STATUS(mha_adamw_init(&a, -1, &o), MHA_ERR_OVERFLOW);
-    CHECK_STATUS(mha_adamw_init(NULL, 4, &o), MHA_ERR_NULL);
+    CHECK_STATUS(mha_adamw_create(&a, -1, &o), MHA_ERR_OVERFLOW);
+    CHECK_STATUS(mha_adamw_create(NULL, 4, &o), MHA_ERR_NULL);
     mha_test_fail_alloc(1, 0);
-    CHECK_STATUS(mha_adamw_init(&a, 4, &o), MHA_ERR_NOMEM);
+    CHECK_STATUS(mha_adamw_create(&a, 4, &o), MHA_ERR_NOMEM);
     mha_test_fail_alloc(0, 0);
-    REQUIRE_OK(mha_adamw_init(&a, 4, &o));
+    REQUIRE_OK(mha_adamw_create(&a, 4, &o));
     CHECK_STATUS(mha_adamw_step(&a, NULL, g, NULL), MHA_ERR_NULL);
-    mha_adamw_release(&a);
-    mha_adamw_release(&a); /* twice is fine */
+    mha_adamw_free(&a);
+    mha_adamw_free(&a); /* twice is fine */
 }

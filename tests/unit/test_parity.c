@@ -47,10 +47,10 @@ static void run_mha_case(const char *name) {
     opt.masked_rows = !strcmp(fixture_str(&f, "masked_rows"), "nan") ? MHA_MASKED_ROWS_NAN
                                                                        : MHA_MASKED_ROWS_ZERO;
     mha_tensor out, weights;
-    if (mha_tensor_alloc(&out, MHA_F32, t[OUT].ndim, t[OUT].shape) != MHA_OK)
+    if (mha_tensor_create(&out, MHA_F32, t[OUT].ndim, t[OUT].shape) != MHA_OK)
         goto done;
     bool need_weights = fixture_int(&f, "need_weights") != 0 && p[WREF];
-    if (need_weights && mha_tensor_alloc(&weights, MHA_F32, t[WREF].ndim, t[WREF].shape) != MHA_OK) {
+    if (need_weights && mha_tensor_create(&weights, MHA_F32, t[WREF].ndim, t[WREF].shape) != MHA_OK) {
         mha_tensor_free(&out);
         goto done;
     }
@@ -106,7 +106,7 @@ static void run_sdpa_case(const char *name) {
     opt.key_padding_mask = fixture_optional(&f, "key_padding_mask.npy", MHA_BOOL, &kpm);
     opt.mask_polarity = MHA_TRUE_KEEPS;
     opt.key_padding_polarity = MHA_TRUE_MASKS;
-    if (mha_tensor_alloc(&out, MHA_F32, 4, ref.shape) || mha_tensor_alloc(&weights, MHA_F32, 4, wref.shape))
+    if (mha_tensor_create(&out, MHA_F32, 4, ref.shape) || mha_tensor_create(&weights, MHA_F32, 4, wref.shape))
         goto done;
     /* once without weights (the fused path), once with */
     CHECK_STATUS(mha_sdpa_forward(&out, &q, &k, &v, &opt), MHA_OK);

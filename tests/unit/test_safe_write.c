@@ -104,7 +104,7 @@ static mha_status write_npy(const char *path, int v) {
         x[i] = (float)(i * (v + 1));
     mha_tensor t;
     mha_tensor_init(&t, MHA_F32, x, 2, (int64_t[]){v ? 15 : 20, v ? 20 : 15});
-    return mha_npy_save(path, &t, MHA_F32);
+    return mha_npy_save(&t, path, MHA_F32);
 }
 
 static mha_status write_safetensors(const char *path, int v) {
@@ -242,7 +242,7 @@ TEST(safe_write_keeps_mode_and_writes_through_symlinks) {
     REQUIRE(stat(path, &sb) == 0);
     CHECK((sb.st_mode & 07777) == 0640);
     mha_tensor t;
-    REQUIRE_OK(mha_npy_load(path, MHA_F32, &t));
+    REQUIRE_OK(mha_npy_load(&t, path, MHA_F32));
     CHECK(t.shape[0] == 15);
     mha_tensor_free(&t);
     /* a new file gets 0666 less the umask */
@@ -326,7 +326,7 @@ TEST(safe_write_mapped_reader_keeps_the_old_bytes) {
         mha_safetensors *st;
         mha_tensor view;
         if (mha_safetensors_write(path, names, ts, 1, NULL, NULL, 0) != MHA_OK ||
-            mha_safetensors_open(path, &st) != MHA_OK ||
+            mha_safetensors_open(&st, path) != MHA_OK ||
             mha_safetensors_view_f32(st, "x", &view) != MHA_OK)
             _exit(2);
         t.shape[0] = 16; /* the new file: 16 floats of 2 */
@@ -367,7 +367,7 @@ static mha_status write_kill_version(const char *path, int v) {
 /* The version the complete file at path holds, or -1 when it does not load whole. */
 static int loaded_version(const char *path) {
     mha_safetensors *st;
-    if (mha_safetensors_open(path, &st) != MHA_OK)
+    if (mha_safetensors_open(&st, path) != MHA_OK)
         return -1;
     mha_tensor v;
     int version = -1;
@@ -428,7 +428,7 @@ static void small_model(mha_model **m, mha_adamw *o) {
     mha_adamw_options oo;
     mha_adamw_options_init(&oo);
     *m = NULL;
-    if (mha_model_create(m, &c, 3) == MHA_OK && mha_adamw_init(o, mha_model_num_params(*m), &oo) != MHA_OK) {
+    if (mha_model_create(m, &c, 3) == MHA_OK && mha_adamw_create(o, mha_model_num_params(*m), &oo) != MHA_OK) {
         mha_model_free(*m);
         *m = NULL;
     }
@@ -451,9 +451,9 @@ static mha_status load_pair(const char *dir, const char *opt_dir) {
     mha_model *r = NULL;
     mha_adamw o;
     memset(&o, 0, sizeof o);
-    mha_status st = mha_model_load(&r, wp, op, &o, NULL, NULL);
+    mha_status st = mha_model_open(&r, wp, op, &o, NULL, NULL);
     mha_model_free(r);
-    mha_adamw_release(&o);
+    mha_adamw_free(&o);
     return st;
 }
 
@@ -488,7 +488,7 @@ TEST(checkpoint_pair_of_two_steps_or_runs_is_refused) {
     /* the run's extra metadata is in the model file; a built-in key is refused */
     snprintf(path, sizeof path, "%s/model.safetensors", d40);
     mha_safetensors *st;
-    REQUIRE_OK(mha_safetensors_open(path, &st));
+    REQUIRE_OK(mha_safetensors_open(&st, path));
     CHECK(mha_safetensors_metadata(st, "train.task") &&
           !strcmp(mha_safetensors_metadata(st, "train.task"), "sort"));
     CHECK(mha_safetensors_metadata(st, "run_id") &&
@@ -499,7 +499,7 @@ TEST(checkpoint_pair_of_two_steps_or_runs_is_refused) {
     CHECK_STATUS(mha_model_save_checkpoint(m, path, NULL, NULL, &bad), MHA_ERR_VALUE);
     CHECK_STATUS(mha_model_save_checkpoint(m, path, NULL, NULL, NULL), MHA_ERR_NULL);
     mha_model_free(m);
-    mha_adamw_release(&o);
+    mha_adamw_free(&o);
     remove_dir(d20), remove_dir(d40), remove_dir(other);
 }
 
@@ -534,7 +534,7 @@ TEST(checkpoint_save_faults_leave_a_loadable_or_refused_pair) {
     CHECK(points >= 10); /* two files: create, writes, fsync, rename, directory fsync each */
     CHECK(refused >= 1); /* the model's rename failing after the optimiser's */
     mha_model_free(m);
-    mha_adamw_release(&o);
+    mha_adamw_free(&o);
     remove_dir(dir);
 }
 
@@ -554,7 +554,7 @@ TEST(checkpoint_metadata_alone_allocates_no_model) {
     CHECK(n < 512);
     mha_model *m = (mha_model *)path;
     int64_t live = mha_test_live_allocs();
-    CHECK_STATUS(mha_model_load(&m, path, NULL, NULL, NULL, NULL), MHA_ERR_FORMAT);
+    CHECK_STATUS(mha_model_open(&m, path, NULL, NULL, NULL, NULL), MHA_ERR_FORMAT);
     CHECK_ERROR_MENTIONS("tensors");
     CHECK(m == NULL && mha_test_live_allocs() == live);
     /* one tensor of the wrong shape is named before anything is allocated */
@@ -566,7 +566,7 @@ TEST(checkpoint_metadata_alone_allocates_no_model) {
     char wp[128];
     snprintf(wp, sizeof wp, "%s/model.safetensors", dir);
     mha_safetensors *st;
-    REQUIRE_OK(mha_safetensors_open(wp, &st));
+    REQUIRE_OK(mha_safetensors_open(&st, wp));
     int64_t nt = mha_safetensors_count(st);
     const char **names = calloc((size_t)nt, sizeof *names);
     const char **mk = calloc((size_t)mha_safetensors_metadata_count(st), sizeof *mk);
@@ -585,10 +585,10 @@ TEST(checkpoint_metadata_alone_allocates_no_model) {
     REQUIRE_OK(mha_safetensors_write(path, names, ts, nt, mk, mv,
                                      mha_safetensors_metadata_count(st)));
     mha_safetensors_free(st);
-    CHECK_STATUS(mha_model_load(&m, path, NULL, NULL, NULL, NULL), MHA_ERR_FORMAT);
+    CHECK_STATUS(mha_model_open(&m, path, NULL, NULL, NULL, NULL), MHA_ERR_FORMAT);
     CHECK_ERROR_MENTIONS("head.bias");
     free(names), free(mk), free(mv), free(views), free(ts);
     mha_model_free(good);
-    mha_adamw_release(&o);
+    mha_adamw_free(&o);
     remove_dir(dir);
 }

@@ -57,6 +57,13 @@
  *   with mha_tensor_free).  mha_safe_file_close(f, keep) ends a safe file
  *   instead of a *_free: it decides whether the file is kept.
  *
+ * INTEGER TYPES
+ *   Counts and sizes of elements, rows, tensors and tokens are int64_t;
+ *   size_t is used only for byte sizes (workspaces, saved states, text
+ *   lengths in bytes).  int is kept for flags, modes and enums, for ranks
+ *   (ndim, at most MHA_SAFETENSORS_MAX_DIMS) and for thread counts
+ *   (mha_set_num_threads, as OpenMP's omp_set_num_threads).
+ *
  * THREADS
  *   All functions are reentrant; concurrent calls on shared read-only weights
  *   are safe.  Inside a call mha uses OpenMP (when built with it) with
@@ -75,9 +82,9 @@ extern "C" {
 #endif
 
 #define MHA_VERSION_MAJOR 0
-#define MHA_VERSION_MINOR 1
+#define MHA_VERSION_MINOR 2
 #define MHA_VERSION_PATCH 0
-#define MHA_VERSION_STRING "0.1.0"
+#define MHA_VERSION_STRING "0.2.0"
 
 #if defined(MHA_BUILDING_LIBRARY) && defined(__GNUC__)
 #define MHA_API __attribute__((visibility("default")))
@@ -185,8 +192,8 @@ MHA_API uint64_t mha_splitmix64(uint64_t x);
 MHA_API mha_status mha_runtime_check(void);
 
 /* Fills x[0..n) with normal(0, std^2) floats from a counter-based generator:
- * the value at index i depends only on (seed, i). */
-MHA_API void mha_randn(float *x, size_t n, uint64_t seed, float std);
+ * the value at index i depends only on (seed, i); n <= 0 writes nothing. */
+MHA_API void mha_randn(float *x, int64_t n, uint64_t seed, float std);
 
 /* ------------------------------------------------------------------------ */
 /* Scaled dot-product attention                                              */
@@ -200,7 +207,10 @@ typedef enum mha_causal {
     MHA_CAUSAL_OFFSET = 3        /* j > i + causal_offset                        */
 } mha_causal;
 
-/* What a true element of a boolean mask means. */
+/* What a true element of a boolean mask means.  SDPA takes it per mask
+ * (attn_mask_polarity, key_padding_polarity); multihead attention and the
+ * layers use PyTorch MHA's fixed convention, true = masked (MHA_TRUE_MASKS),
+ * and the ONNX operator ONNX's, true = attend (MHA_TRUE_KEEPS). */
 typedef enum mha_mask_polarity {
     MHA_TRUE_KEEPS = 0, /* true = attend (SDPA, ONNX)                   */
     MHA_TRUE_MASKS = 1  /* true = masked out (nn.MultiheadAttention)    */
@@ -234,13 +244,15 @@ typedef struct mha_sdpa_options {
     mha_causal causal;
     int64_t causal_offset;  /* for MHA_CAUSAL_OFFSET                         */
 
-    /* Optional attention mask, broadcast right-aligned to (B,Hq,L,S).
-     * MHA_BOOL: boolean with mask_polarity; MHA_F32: added to the scores. */
-    const mha_tensor *mask;
-    mha_mask_polarity mask_polarity;     /* default MHA_TRUE_KEEPS        */
+    /* Optional attention mask (torch SDPA's attn_mask), broadcast
+     * right-aligned to (B,Hq,L,S).  MHA_BOOL: boolean read with
+     * attn_mask_polarity; MHA_F32: added to the scores.  (0.1.0: `mask`,
+     * `mask_polarity`.) */
+    const mha_tensor *attn_mask;
+    mha_mask_polarity attn_mask_polarity; /* default MHA_TRUE_KEEPS       */
 
     /* Optional key padding mask (B,S), MHA_BOOL (with its own polarity) or
-     * MHA_F32 (added).  Combined with mask and causal. */
+     * MHA_F32 (added).  Combined with attn_mask and causal. */
     const mha_tensor *key_padding_mask;
     mha_mask_polarity key_padding_polarity; /* default MHA_TRUE_MASKS     */
 
@@ -411,27 +423,6 @@ MHA_API int64_t mha_kv_cache_length(const mha_kv_cache *cache);
 MHA_API mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q,
                                         const mha_kv_cache *cache, const mha_sdpa_options *opt);
 
-/* Token-by-token decoding through a TransformerDecoder stack (eval mode):
- * per layer a self-attention KV cache of `capacity` tokens and the memory's
- * cross-attention K/V, projected once here.  memory (B,S,E) contiguous;
- * the weights' layout as mha_decoder_forward (the types are declared with
- * the Transformer layers below).  Free with mha_decoder_cache_free. */
-typedef struct mha_decoder_cache mha_decoder_cache;
-struct mha_decoder_weights;
-struct mha_layer_options;
-MHA_API mha_status mha_decoder_cache_create(mha_decoder_cache **cache,
-                                            const struct mha_decoder_weights *w,
-                                            const mha_tensor *memory, int64_t num_heads,
-                                            int64_t capacity);
-MHA_API void mha_decoder_cache_free(mha_decoder_cache *cache);
-/* out (B,1,E) = the last row of mha_decoder_forward(tgt, memory) with a
- * causal target mask, tgt being every token given so far, this one x
- * (B,1,E) last.  No target/memory masks; no dropout. */
-MHA_API mha_status mha_decoder_decode_step(mha_tensor *out, const mha_tensor *x,
-                                           const struct mha_decoder_weights *w,
-                                           mha_decoder_cache *cache,
-                                           const struct mha_layer_options *opt);
-
 /* Merges n partial attention results over disjoint key blocks:
  * out (B,H,L,dv) = sum_p e^{lse_p - lse} out_p, lse = log sum_p e^{lse_p}.
  * parts_out[p] (B,H,L,dv), parts_lse[p] (B,H,L) (lse -inf: an empty part);
@@ -462,7 +453,7 @@ typedef struct mha_multihead_options {
     int64_t num_heads;               /* H, must divide E                    */
     int add_zero_attn;               /* append a zero key/value (S += 1)     */
 
-    /* Masks with PyTorch MHA conventions: MHA_BOOL true = masked,
+    /* Masks with PyTorch MHA's fixed polarity: MHA_BOOL true = masked,
      * MHA_F32 added to the scores.
      * key_padding_mask (B,S), unbatched (S).
      * attn_mask (L,S) or (B*H,L,S) index b*H+h; unbatched (L,S) or (H,L,S).
@@ -688,6 +679,25 @@ MHA_API mha_status mha_decoder_forward(mha_tensor *out, const mha_tensor *tgt,
                                        const mha_layer_masks *masks,
                                        const mha_layer_options *opt, void *workspace,
                                        size_t workspace_bytes);
+
+/* Token-by-token decoding through a TransformerDecoder stack (eval mode):
+ * per layer a self-attention KV cache of `capacity` tokens and the memory's
+ * cross-attention K/V, projected once here.  memory (B,S,E) contiguous;
+ * the weights' layout as mha_decoder_forward.  Free with
+ * mha_decoder_cache_free. */
+typedef struct mha_decoder_cache mha_decoder_cache;
+MHA_API mha_status mha_decoder_cache_create(mha_decoder_cache **cache,
+                                            const mha_decoder_weights *w,
+                                            const mha_tensor *memory, int64_t num_heads,
+                                            int64_t capacity);
+MHA_API void mha_decoder_cache_free(mha_decoder_cache *cache);
+/* out (B,1,E) = the last row of mha_decoder_forward(tgt, memory) with a
+ * causal target mask, tgt being every token given so far, this one x
+ * (B,1,E) last.  No target/memory masks; no dropout. */
+MHA_API mha_status mha_decoder_decode_step(mha_tensor *out, const mha_tensor *x,
+                                           const mha_decoder_weights *w,
+                                           mha_decoder_cache *cache,
+                                           const mha_layer_options *opt);
 
 /* ------------------------------------------------------------------------ */
 /* Backward passes (gradients).  docs/backward.md has the derivations.      */

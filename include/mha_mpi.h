@@ -72,8 +72,8 @@ typedef struct mha_ring_options {
      * for self-attention, OFFSET with causal_offset, all in global row
      * positions), softcap, kv_lengths (B) MHA_I64 global valid key counts,
      * masked_rows, onnx_scale, kernel.  Not served across ranks (refused with
-     * MHA_ERR_UNSUPPORTED): mask, key_padding_mask, dropout in training,
-     * weights, qk_out, window, causal_offsets, alibi_slopes, sinks, rope;
+     * MHA_ERR_UNSUPPORTED): attn_mask, key_padding_mask, dropout in
+     * training, attn_weights, qk_out, window, causal_offsets, alibi_slopes, sinks, rope;
      * the backward also refuses kernel REF (its reference recomputes the
      * softmax per block instead of reading the global lse). */
     mha_sdpa_options sdpa;

@@ -15,7 +15,7 @@ void mha_sdpa_options_init(mha_sdpa_options *opt) {
     if (!opt)
         return;
     memset(opt, 0, sizeof *opt);
-    opt->mask_polarity = MHA_TRUE_KEEPS;
+    opt->attn_mask_polarity = MHA_TRUE_KEEPS;
     opt->key_padding_polarity = MHA_TRUE_MASKS;
     opt->masked_rows = MHA_MASKED_ROWS_ZERO;
     opt->kernel = MHA_KERNEL_AUTO;
@@ -112,11 +112,11 @@ mha_status mha_sdpa_problem_init(mha_attn_problem *p, const mha_tensor *q, const
     }
     p->causal = opt->causal;
     int64_t full[4] = {p->B, p->Hq, p->L, p->S};
-    if (opt->mask) {
-        MHA_TRY(check_polarity(opt->mask_polarity, "mask_polarity"));
-        MHA_TRY(mha_broadcast4(opt->mask, "mask", full, &p->mask));
-        MHA_CHECK(!mha_tensors_overlap(out, opt->mask), MHA_ERR_ALIAS, "out: overlaps mask");
-        p->mask_polarity = opt->mask_polarity;
+    if (opt->attn_mask) {
+        MHA_TRY(check_polarity(opt->attn_mask_polarity, "attn_mask_polarity"));
+        MHA_TRY(mha_broadcast4(opt->attn_mask, "attn_mask", full, &p->mask));
+        MHA_CHECK(!mha_tensors_overlap(out, opt->attn_mask), MHA_ERR_ALIAS, "out: overlaps attn_mask");
+        p->mask_polarity = opt->attn_mask_polarity;
     }
     if (opt->key_padding_mask) {
         const mha_tensor *m = opt->key_padding_mask;
@@ -166,7 +166,7 @@ mha_status mha_sdpa_forward(mha_tensor *out, const mha_tensor *q, const mha_tens
         MHA_TRY(mha_check_writable(w, "attn_weights"));
         MHA_CHECK(!mha_tensors_overlap(w, q) && !mha_tensors_overlap(w, k) &&
                       !mha_tensors_overlap(w, v) && !mha_tensors_overlap(w, out) &&
-                      !mha_tensors_overlap(w, opt->mask) &&
+                      !mha_tensors_overlap(w, opt->attn_mask) &&
                       !mha_tensors_overlap(w, opt->key_padding_mask),
                   MHA_ERR_ALIAS, "attn_weights: overlaps another argument");
         p.attn_weights = *w;

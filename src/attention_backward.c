@@ -86,7 +86,7 @@ mha_status mha_sdpa_backward(mha_tensor *dq, mha_tensor *dk, mha_tensor *dv,
     const char *names[3] = {"dq", "dk", "dv"};
     const int64_t want[3][4] = {{p.B, p.Hq, p.L, p.d}, {p.B, p.Hkv, p.S, p.d},
                                 {p.B, p.Hkv, p.S, p.dv}};
-    const mha_tensor *inputs[] = {q, k, v, dout, out, lse, opt->mask, opt->key_padding_mask};
+    const mha_tensor *inputs[] = {q, k, v, dout, out, lse, opt->attn_mask, opt->key_padding_mask};
     for (int t = 0; t < 3; t++) {
         if (!grads[t])
             continue;

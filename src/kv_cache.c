@@ -364,12 +364,12 @@ mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q, const mha_
               mha_shape_str(out, s1, sizeof s1), (long long)B, (long long)Hq, (long long)dv);
     MHA_TRY(mha_check_writable(out, "out"));
     MHA_CHECK(!mha_tensors_overlap(out, q), MHA_ERR_ALIAS, "out: overlaps q");
-    MHA_CHECK(!opt->mask && !opt->key_padding_mask && !opt->attn_weights && !opt->qk_out &&
+    MHA_CHECK(!opt->attn_mask && !opt->key_padding_mask && !opt->attn_weights && !opt->qk_out &&
                   opt->causal == MHA_CAUSAL_NONE && opt->window_left == -1 &&
                   opt->window_right == -1 && !opt->kv_lengths && !opt->causal_offsets &&
                   !(opt->training && opt->dropout_p > 0.0f),
               MHA_ERR_VALUE,
-              "decode: masks, causal, windows, weights, qk_out and dropout come from the cache "
+              "decode: masks, causal, windows, attn_weights, qk_out and dropout come from the cache "
               "(leave them at their defaults)");
     const int64_t len = mha_kv_cache_length(c);
 

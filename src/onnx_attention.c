@@ -332,11 +332,11 @@ mha_status mha_onnx_attention(mha_tensor *y, mha_tensor *present_key, mha_tensor
     if (st == MHA_OK && attn_mask) {
         const mha_tensor *m = attn_mask;
         if (m->shape[m->ndim - 1] == pl.T && m->dtype != MHA_I64) {
-            so.mask = m;
+            so.attn_mask = m;
         } else if ((st = pad_mask(m, pl.T, &mask)) == MHA_OK) {
-            so.mask = &mask;
+            so.attn_mask = &mask;
         }
-        so.mask_polarity = MHA_TRUE_KEEPS;
+        so.attn_mask_polarity = MHA_TRUE_KEEPS;
     }
     /* offset o_b: P with past, nonpad[b] - L with an external cache, else 0 */
     so.causal = opt->is_causal ? MHA_CAUSAL_OFFSET : MHA_CAUSAL_NONE;

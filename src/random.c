@@ -12,11 +12,12 @@ uint64_t mha_splitmix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-void mha_randn(float *x, size_t n, uint64_t seed, float std) {
+void mha_randn(float *x, int64_t n, uint64_t seed, float std) {
     /* Box-Muller on pairs: element pair (2k, 2k+1) uses counter k. */
     const uint64_t key = mha_splitmix64(seed ^ 0x6D68615F72616E64ull); /* "mha_rand" */
-    for (size_t k = 0; 2 * k < n; k++) {
-        uint64_t a = mha_splitmix64(key ^ (2 * k)), b = mha_splitmix64(key ^ (2 * k + 1));
+    for (int64_t k = 0; 2 * k < n; k++) {
+        uint64_t a = mha_splitmix64(key ^ (uint64_t)(2 * k)),
+                 b = mha_splitmix64(key ^ (uint64_t)(2 * k + 1));
         double u1 = ((double)(a >> 11) + 0.5) * (1.0 / 9007199254740992.0);
         double u2 = (double)(b >> 11) * (1.0 / 9007199254740992.0);
         double r = sqrt(-2.0 * log(u1)), th = 6.283185307179586 * u2;

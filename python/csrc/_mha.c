@@ -229,8 +229,8 @@ static int check_nargs(Py_ssize_t nargs, Py_ssize_t want, const char *fn) {
 #define SDPA_OPT_ARGS 12
 static void sdpa_options(mha_sdpa_options *opt, held *h, PyObject *const *a, int *ok) {
     mha_sdpa_options_init(opt);
-    opt->mask = view(h, a[0], "attn_mask", 0, ok);
-    opt->mask_polarity = as_i64(a[1], ok) ? MHA_TRUE_MASKS : MHA_TRUE_KEEPS;
+    opt->attn_mask = view(h, a[0], "attn_mask", 0, ok);
+    opt->attn_mask_polarity = as_i64(a[1], ok) ? MHA_TRUE_MASKS : MHA_TRUE_KEEPS;
     opt->key_padding_mask = view(h, a[2], "key_padding_mask", 0, ok);
     opt->key_padding_polarity = as_i64(a[3], ok) ? MHA_TRUE_MASKS : MHA_TRUE_KEEPS;
     opt->causal = (mha_causal)as_i64(a[4], ok);

@@ -354,10 +354,10 @@ static mha_status check_inputs(ring *R, const mha_tensor *q, const mha_tensor *k
     const mha_sdpa_options *o = &opt->sdpa;
     MHA_CHECK(opt->layout == MHA_RING_CONTIGUOUS || opt->layout == MHA_RING_ZIGZAG,
               MHA_ERR_VALUE, "layout: unknown layout %d", (int)opt->layout);
-    MHA_CHECK(!o->mask && !o->key_padding_mask && !o->attn_weights && !o->qk_out && !o->alibi_slopes &&
-                  !o->sinks && !o->causal_offsets && !o->lse,
+    MHA_CHECK(!o->attn_mask && !o->key_padding_mask && !o->attn_weights && !o->qk_out &&
+                  !o->alibi_slopes && !o->sinks && !o->causal_offsets && !o->lse,
               MHA_ERR_UNSUPPORTED,
-              "sdpa: mask, key_padding_mask, weights, qk_out, alibi_slopes, sinks, "
+              "sdpa: attn_mask, key_padding_mask, attn_weights, qk_out, alibi_slopes, sinks, "
               "causal_offsets and lse are not served across ranks (ring attention)");
     MHA_CHECK(!(o->training && o->dropout_p > 0.0f), MHA_ERR_UNSUPPORTED,
               "sdpa: dropout is not served across ranks (ring attention)");

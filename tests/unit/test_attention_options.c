@@ -110,7 +110,7 @@ TEST(modern_softcap_alibi_sinks_lse_by_hand) {
     mha_tensor_init(&M, MHA_F32, mk, 1, (int64_t[]){3});
     mha_sdpa_options o;
     mha_sdpa_options_init(&o);
-    o.softcap = 0.5f, o.mask = &M, o.lse = &LSE;
+    o.softcap = 0.5f, o.attn_mask = &M, o.lse = &LSE;
     REQUIRE_OK(mha_sdpa_forward(&O, &Q, &K, &V, &o));
     CHECK(out == 1.0f);
     /* fully masked: 0 and lse -inf */
@@ -162,7 +162,7 @@ TEST(modern_fused_kernels_match_reference_on_every_option) {
             else
                 op.causal = MHA_CAUSAL_BOTTOM_RIGHT, op.kv_lengths = &Ls;
             if (combo & 4)
-                op.window_left = 7, op.window_right = combo & 2 ? -1 : 3, op.mask = &M;
+                op.window_left = 7, op.window_right = combo & 2 ? -1 : 3, op.attn_mask = &M;
             op.softcap = combo == 3 || combo == 6 ? 0.0f : 4.0f;
             op.alibi_slopes = combo % 3 ? &A : NULL;
             op.sinks = combo % 3 != 1 ? &Sk : NULL;
@@ -184,7 +184,7 @@ TEST(modern_fused_kernels_match_reference_on_every_option) {
             mha_sdpa_options op;
             mha_sdpa_options_init(&op);
             op.kernel = kernels[kk];
-            op.qk_out = &QK, op.qk_mode = mode, op.softcap = 3.0f, op.mask = &M;
+            op.qk_out = &QK, op.qk_mode = mode, op.softcap = 3.0f, op.attn_mask = &M;
             op.causal = MHA_CAUSAL_OFFSET, op.causal_offsets = &Os, op.alibi_slopes = &A;
             op.window_left = 5, op.onnx_scale = mode == 1;
             REQUIRE_OK(mha_sdpa_forward(&O, &Q, &K, &V, &op));

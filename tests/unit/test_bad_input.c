@@ -233,10 +233,10 @@ TEST(bad_input_nan_inf_in_masked_keys_values_do_not_leak) {
                 c.opt.key_padding_mask = ref.opt.key_padding_mask = &m;
             } else if (how == 1) {
                 mha_tensor_init(&m, MHA_BOOL, bmask, 1, (int64_t[]){7});
-                c.opt.mask = ref.opt.mask = &m;
+                c.opt.attn_mask = ref.opt.attn_mask = &m;
             } else if (how == 2) {
                 mha_tensor_init(&m, MHA_F32, fmask, 1, (int64_t[]){7});
-                c.opt.mask = ref.opt.mask = &m;
+                c.opt.attn_mask = ref.opt.attn_mask = &m;
             } else {
                 c.opt.causal = ref.opt.causal = MHA_CAUSAL_TOP_LEFT;
             }
@@ -302,8 +302,8 @@ TEST(bad_input_non_finite_options) {
     uint8_t mb[3] = {1, 1, 1};
     mha_tensor m;
     mha_tensor_init(&m, MHA_BOOL, mb, 1, (int64_t[]){3});
-    c.opt.mask = &m, c.opt.mask_polarity = (mha_mask_polarity)3;
-    EXPECT_ERR("sdpa", "mask_polarity = 3 (unknown)", sdpa_run(&c), MHA_ERR_VALUE, "mask_polarity");
+    c.opt.attn_mask = &m, c.opt.attn_mask_polarity = (mha_mask_polarity)3;
+    EXPECT_ERR("sdpa", "mask_polarity = 3 (unknown)", sdpa_run(&c), MHA_ERR_VALUE, "attn_mask_polarity");
     sdpa_free(&c);
 }
 
@@ -378,7 +378,7 @@ TEST(bad_input_fully_masked_rows_zero_or_nan) {
                 mb[x] = x / 5 != 2; /* query row 2 keeps nothing */
             mha_tensor m;
             mha_tensor_init(&m, MHA_BOOL, mb, 2, (int64_t[]){4, 5});
-            c.opt.mask = &m;
+            c.opt.attn_mask = &m;
             c.opt.attn_weights = &c.w;
             c.opt.masked_rows = policy ? MHA_MASKED_ROWS_NAN : MHA_MASKED_ROWS_ZERO;
             mha_status st = sdpa_run(&c);
@@ -470,7 +470,7 @@ TEST(bad_input_shapes_heads_masks_dtypes) {
     int64_t i64[64] = {0};
     mha_tensor m;
     mha_tensor_init(&m, MHA_BOOL, mb, 2, (int64_t[]){4, 6});
-    c.opt.mask = &m;
+    c.opt.attn_mask = &m;
     EXPECT_ERR("sdpa", "mask (4,6) for S = 5", sdpa_run(&c), MHA_ERR_SHAPE, "mask:");
     mha_tensor_init(&m, MHA_BOOL, mb, 3, (int64_t[]){3, 4, 5});
     EXPECT_ERR("sdpa", "mask (3,4,5) for Hq = 4", sdpa_run(&c), MHA_ERR_SHAPE, "mask:");
@@ -480,7 +480,7 @@ TEST(bad_input_shapes_heads_masks_dtypes) {
     EXPECT_ERR("sdpa", "mask of dtype int64", sdpa_run(&c), MHA_ERR_DTYPE, "mask:");
     mha_tensor_init(&m, MHA_F16, mb, 2, (int64_t[]){4, 5});
     EXPECT_ERR("sdpa", "mask of dtype float16", sdpa_run(&c), MHA_ERR_DTYPE, "mask:");
-    c.opt.mask = NULL;
+    c.opt.attn_mask = NULL;
     c.opt.key_padding_mask = &m;
     mha_tensor_init(&m, MHA_BOOL, mb, 2, (int64_t[]){2, 6});
     EXPECT_ERR("sdpa", "key_padding_mask (2,6) for S = 5", sdpa_run(&c), MHA_ERR_SHAPE,
@@ -578,7 +578,7 @@ TEST(bad_input_output_overlapping_input) {
     mha_tensor m;
     mha_tensor_init(&m, MHA_F32, mf, 4, (int64_t[]){1, 2, 3, 3});
     memset(mf, 0, sizeof mf);
-    c.opt.mask = &m;
+    c.opt.attn_mask = &m;
     c.opt.attn_weights = NULL;
     o = c.o, o.data = mf;
     EXPECT_ERR("sdpa", "out overlaps mask", mha_sdpa_forward(&o, &c.q, &c.k, &c.v, &c.opt),
@@ -586,7 +586,7 @@ TEST(bad_input_output_overlapping_input) {
     w = c.w, w.data = mf;
     c.opt.attn_weights = &w;
     EXPECT_ERR("sdpa", "weights overlap mask", sdpa_run(&c), MHA_ERR_ALIAS, "weights:");
-    c.opt.mask = NULL;
+    c.opt.attn_mask = NULL;
     w = c.w, w.stride[2] = 0;
     c.opt.attn_weights = &w;
     EXPECT_ERR("sdpa", "weights with stride 0 on L (a broadcast view)", sdpa_run(&c),
@@ -625,9 +625,9 @@ TEST(bad_input_null_pointers_sdpa_tensor_files) {
                MHA_ERR_NULL, "out: NULL data");
     mha_tensor m;
     mha_tensor_init(&m, MHA_BOOL, NULL, 2, (int64_t[]){3, 3});
-    c.opt.mask = &m;
+    c.opt.attn_mask = &m;
     EXPECT_ERR("sdpa", "mask.data NULL", sdpa_run(&c), MHA_ERR_NULL, "mask: NULL data");
-    c.opt.mask = NULL;
+    c.opt.attn_mask = NULL;
     mha_tensor_init(&m, MHA_BOOL, NULL, 2, (int64_t[]){1, 3});
     c.opt.key_padding_mask = &m;
     EXPECT_ERR("sdpa", "key_padding_mask.data NULL", sdpa_run(&c), MHA_ERR_NULL,

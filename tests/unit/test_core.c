@@ -77,11 +77,11 @@ TEST(core_bool_mask_polarities_are_opposites) {
     float *o1 = malloc(sizeof(float) * numel4(c.out.shape));
     mha_sdpa_options opt;
     mha_sdpa_options_init(&opt);
-    opt.mask = &mk;
+    opt.attn_mask = &mk;
     REQUIRE_OK(mha_sdpa_forward(&c.out, &c.q, &c.k, &c.v, &opt));
     memcpy(o1, c.od, sizeof(float) * numel4(c.out.shape));
-    opt.mask = &mm;
-    opt.mask_polarity = MHA_TRUE_MASKS;
+    opt.attn_mask = &mm;
+    opt.attn_mask_polarity = MHA_TRUE_MASKS;
     REQUIRE_OK(mha_sdpa_forward(&c.out, &c.q, &c.k, &c.v, &opt));
     CHECK(memcmp(o1, c.od, sizeof(float) * numel4(c.out.shape)) == 0);
     /* and an equivalent float mask (0 / -inf) */
@@ -90,7 +90,7 @@ TEST(core_bool_mask_polarities_are_opposites) {
         add[i] = keep[i] ? 0.0f : -INFINITY;
     mha_tensor mf;
     mha_tensor_init(&mf, MHA_F32, add, 2, (int64_t[]){5, 7});
-    opt.mask = &mf;
+    opt.attn_mask = &mf;
     REQUIRE_OK(mha_sdpa_forward(&c.out, &c.q, &c.k, &c.v, &opt));
     CHECK(test_rel_err(c.od, o1, numel4(c.out.shape)) <= 1e-6);
     free(o1);
@@ -123,7 +123,7 @@ TEST(core_causal_alignments_equal_explicit_masks) {
             mha_tensor mk;
             mha_tensor_init(&mk, MHA_BOOL, keep, 2, (int64_t[]){L, S});
             mha_sdpa_options_init(&opt);
-            opt.mask = &mk;
+            opt.attn_mask = &mk;
             REQUIRE_OK(mha_sdpa_forward(&c.out, &c.q, &c.k, &c.v, &opt));
             CHECK(memcmp(o_mode, c.od, n * sizeof(float)) == 0);
             /* rows above the diagonal's start are fully masked: exactly zero */

@@ -54,7 +54,7 @@ static mha_status sdpa_once(mha_kernel kernel, int variant, float *out, float *w
     mha_sdpa_options_init(&opt);
     opt.kernel = kernel;
     if (variant == 1) {
-        opt.mask = &m, opt.key_padding_mask = &kp, opt.causal = MHA_CAUSAL_BOTTOM_RIGHT;
+        opt.attn_mask = &m, opt.key_padding_mask = &kp, opt.causal = MHA_CAUSAL_BOTTOM_RIGHT;
         opt.attn_weights = &w;
     } else if (variant == 2) {
         opt.training = 1, opt.dropout_p = 0.3f, opt.seed = 1234, opt.attn_weights = &w;

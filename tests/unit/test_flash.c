@@ -132,7 +132,7 @@ static bool run_case(const fcase *c, mha_kernel kernel, int threads, fout *res) 
                 for (int64_t j = 0; j < c->S; j++)
                     mb[i + (size_t)j] = c->polarity == MHA_TRUE_KEEPS ? 0 : 1;
         mha_tensor_init(&M, MHA_BOOL, mb, nd, nd == 2 ? shape + 2 : shape);
-        opt.mask = &M, opt.mask_polarity = c->polarity;
+        opt.attn_mask = &M, opt.attn_mask_polarity = c->polarity;
     } else if (c->mask == MASK_FLOAT_B1LS || c->mask == MASK_FLOAT_S) {
         int64_t shape[4] = {c->B, 1, c->L, c->S};
         size_t n = c->mask == MASK_FLOAT_S ? (size_t)c->S : (size_t)(c->B * c->L * c->S);
@@ -151,7 +151,7 @@ static bool run_case(const fcase *c, mha_kernel kernel, int threads, fout *res) 
             mha_tensor_init(&M, MHA_F32, mf, 1, &c->S);
         else
             mha_tensor_init(&M, MHA_F32, mf, 4, shape);
-        opt.mask = &M;
+        opt.attn_mask = &M;
     }
     if (c->kpm != KPM_NONE) {
         int64_t shape[2] = {c->B, c->S};

@@ -88,7 +88,7 @@ static void case_make(grad_case *t, const grad_cfg *c, uint64_t seed) {
                     t->md[x] = -INFINITY;
             }
         }
-        o->mask = &t->mask;
+        o->attn_mask = &t->mask;
     }
     if (c->kpm) {
         t->kd_pm = malloc(sizeof(float) * (size_t)(c->B * c->S));

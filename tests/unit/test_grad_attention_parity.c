@@ -33,8 +33,8 @@ static void run_sdpa_case(const char *name) {
     mha_sdpa_options_init(&opt);
     opt.causal = fixture_causal(&f, "causal");
     opt.causal_offset = fixture_int(&f, "offset");
-    opt.mask = p[MASK];
-    opt.mask_polarity = MHA_TRUE_KEEPS;
+    opt.attn_mask = p[MASK];
+    opt.attn_mask_polarity = MHA_TRUE_KEEPS;
     opt.key_padding_mask = p[KPM];
     opt.key_padding_polarity = MHA_TRUE_MASKS;
     double scale = atof(fixture_str(&f, "scale")), cap = atof(fixture_str(&f, "softcap"));

@@ -23,7 +23,7 @@ TEST(modern_qk_modes_match_their_definitions) {
     for (int mode = 0; mode < 4; mode++) {
         mha_sdpa_options o;
         mha_sdpa_options_init(&o);
-        o.softcap = 2.0f, o.mask = &M, o.causal = MHA_CAUSAL_BOTTOM_RIGHT;
+        o.softcap = 2.0f, o.attn_mask = &M, o.causal = MHA_CAUSAL_BOTTOM_RIGHT;
         o.qk_out = &QK, o.qk_mode = mode, o.attn_weights = &W;
         REQUIRE_OK(mha_sdpa_forward(&O, &Q, &K, &V, &o));
         double worst = 0;

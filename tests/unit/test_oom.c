@@ -112,7 +112,7 @@ static void sdpa_setup(sdpa_ctx *c, mha_kernel kernel, bool masks, bool weights)
     mha_sdpa_options_init(&c->opt);
     c->opt.kernel = kernel;
     if (masks) {
-        c->opt.mask = &c->mask;
+        c->opt.attn_mask = &c->mask;
         c->opt.key_padding_mask = &c->kpm;
         c->opt.causal = MHA_CAUSAL_BOTTOM_RIGHT;
     }

@@ -102,9 +102,9 @@ static void run_sdpa_case(const char *name) {
     opt.scale_set = (int)fixture_int(&f, "scale_set");
     opt.scale = (float)atof(fixture_str(&f, "scale"));
     opt.causal = fixture_causal(&f, "causal");
-    opt.mask = fixture_optional(&f, "mask.npy", -1, &mask);
+    opt.attn_mask = fixture_optional(&f, "mask.npy", -1, &mask);
     opt.key_padding_mask = fixture_optional(&f, "key_padding_mask.npy", MHA_BOOL, &kpm);
-    opt.mask_polarity = MHA_TRUE_KEEPS;
+    opt.attn_mask_polarity = MHA_TRUE_KEEPS;
     opt.key_padding_polarity = MHA_TRUE_MASKS;
     if (mha_tensor_create(&out, MHA_F32, 4, ref.shape) || mha_tensor_create(&weights, MHA_F32, 4, wref.shape))
         goto done;

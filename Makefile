@@ -273,12 +273,14 @@ coverage: deps
 	rm -rf build-cov/coverage && find build-cov -name '*.gcda' -delete 2>/dev/null; true
 	@$(MAKE) --no-print-directory COV=1 lib cli build-cov/mha-tests build-cov/test/mha \
 	    $(patsubst $(BUILD)/%,build-cov/%,$(IO_TOOLS))
-	-@MHA_BUILD=build-cov MHA_COVERAGE=1 CC="$(CC)" sh tests/run.sh | tail -n 3
 	@mkdir -p build-cov/coverage
-	gcovr -r . --object-directory build-cov --filter 'src/' --filter 'cli/' \
+	@MHA_BUILD=build-cov MHA_COVERAGE=1 CC="$(CC)" sh tests/run.sh >build-cov/coverage/suite.log 2>&1; \
+	    rc=$$?; grep -E 'FAIL|no result line' build-cov/coverage/suite.log; tail -n 1 build-cov/coverage/suite.log; \
+	    gcovr -r . --object-directory build-cov --filter 'src/' --filter 'cli/' \
 	    --exclude-unreachable-branches -s --txt build-cov/coverage/summary.txt \
-	    --html-details build-cov/coverage/index.html | tail -n 3
-	@echo "coverage: build-cov/coverage/summary.txt, build-cov/coverage/index.html"
+	    --html-details build-cov/coverage/index.html | tail -n 3; \
+	    echo "coverage: build-cov/coverage/summary.txt, build-cov/coverage/index.html, suite.log"; \
+	    exit $$rc
 
 # ---- the speed guard that does not time (tests/perf_guard.sh): instruction
 # counts of fixed workloads under callgrind against tests/perf_guard.txt.

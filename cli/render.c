@@ -1,4 +1,5 @@
-/* render.c - attention maps as SVG (written by hand) and PNG (libpng).
+/* render.c - attention maps, and line plots (the loss curve of `mha train`),
+ * as SVG (written by hand) and PNG (libpng).
  *
  * Letter legend: H heads, L queries (rows), S keys (columns), P panels
  * (H heads, plus the average when H > 1).
@@ -416,11 +417,16 @@ render_status render_cell_box(const render_maps *m, int64_t p, int64_t i, int64_
 
 /* ---- SVG ------------------------------------------------------------------- */
 
-static void svg_text(FILE *f, int x, int y, const char *anchor, int fz, const char *s) {
+/* Text centred on y, at most max code points. */
+static void svg_text_n(FILE *f, int x, int y, const char *anchor, int fz, const char *s, int max) {
     fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"%d\" text-anchor=\"%s\" dominant-baseline=\"central\">",
             x, y, fz, anchor);
-    svg_escape(f, s, LABEL_MAX);
+    svg_escape(f, s, max);
     fputs("</text>\n", f);
+}
+
+static void svg_text(FILE *f, int x, int y, const char *anchor, int fz, const char *s) {
+    svg_text_n(f, x, y, anchor, fz, s, LABEL_MAX);
 }
 
 static void svg_panel(FILE *f, const render_maps *m, const layout *lo, int64_t p) {
@@ -702,15 +708,13 @@ int render_png_available(void) {
     return 1;
 }
 
-render_status render_png_write(const render_maps *m, const char *path, char *err, size_t errlen) {
-    render_image img;
-    render_status st = render_raster(m, &img, err, errlen);
-    if (st)
-        return st;
+/* Encodes img (then freed) into path as PNG, tEXt Software = software. */
+static render_status png_write(render_image *img, const char *path, const char *software,
+                               char *err, size_t errlen) {
     mha_safe_file *out;
     if (mha_safe_file_open(&out, path) != MHA_OK) {
         set_err(err, errlen, "%s", mha_last_error());
-        render_image_free(&img);
+        render_image_free(img);
         return RENDER_ERR_IO;
     }
     FILE *f = mha_safe_file_stream(out);
@@ -721,31 +725,31 @@ render_status render_png_write(const render_maps *m, const char *path, char *err
         set_err(err, errlen, "%s: libpng: out of memory", path);
         png_destroy_write_struct(png ? &png : NULL, NULL);
         mha_safe_file_close(out, 0);
-        render_image_free(&img);
+        render_image_free(img);
         return RENDER_ERR_NOMEM;
     }
     /* png, info, out, f and img are not modified after setjmp: safe to use after longjmp. */
     if (setjmp(png_jmpbuf(png))) {
         png_destroy_write_struct(&png, &info);
         mha_safe_file_close(out, 0); /* removes only the temporary */
-        render_image_free(&img);
+        render_image_free(img);
         return RENDER_ERR_IO;
     }
     png_init_io(png, f);
-    png_set_IHDR(png, info, (png_uint_32)img.width, (png_uint_32)img.height, 8, PNG_COLOR_TYPE_RGB,
+    png_set_IHDR(png, info, (png_uint_32)img->width, (png_uint_32)img->height, 8, PNG_COLOR_TYPE_RGB,
                  PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
     png_text text[1];
     memset(text, 0, sizeof text);
     text[0].compression = PNG_TEXT_COMPRESSION_NONE;
     text[0].key = (png_charp) "Software";
-    text[0].text = (png_charp) "mha viz";
+    text[0].text = (png_charp)software;
     png_set_text(png, info, text, 1);
     png_write_info(png, info);
-    for (int y = 0; y < img.height; y++)
-        png_write_row(png, img.rgb + (size_t)y * img.width * 3);
+    for (int y = 0; y < img->height; y++)
+        png_write_row(png, img->rgb + (size_t)y * img->width * 3);
     png_write_end(png, info);
     png_destroy_write_struct(&png, &info);
-    render_image_free(&img);
+    render_image_free(img);
     return finish_file(out, 1, err, errlen);
 }
 #else
@@ -753,10 +757,218 @@ int render_png_available(void) {
     return 0;
 }
 
-render_status render_png_write(const render_maps *m, const char *path, char *err, size_t errlen) {
-    (void)m;
+static render_status png_write(render_image *img, const char *path, const char *software,
+                               char *err, size_t errlen) {
+    (void)img, (void)software;
     set_err(err, errlen, "%s: PNG output needs libpng, which this build lacks "
                          "(install libpng-dev, e.g. `make deps`, and rebuild; --svg works)", path);
     return RENDER_ERR_UNSUPPORTED;
 }
 #endif
+
+render_status render_png_write(const render_maps *m, const char *path, char *err, size_t errlen) {
+    render_image img = {0, 0, NULL};
+    render_status st = render_png_available() ? render_raster(m, &img, err, errlen) : RENDER_OK;
+    return st ? st : png_write(&img, path, "mha viz", err, errlen);
+}
+
+/* ---- line plots -------------------------------------------------------------
+ * One frame (plot_frame_make) for both writers: the figure's size, the
+ * plotting area's margins and the data ranges. */
+
+enum { PLOT_W = 720, PLOT_H = 400, PLOT_L = 70, PLOT_R = 20, PLOT_T = 40, PLOT_B = 50 };
+
+typedef struct plot_frame {
+    double lo, hi; /* y range */
+    double x0, x1; /* x range */
+} plot_frame;
+
+static render_status check_plot(const render_plot *p, char *err, size_t errlen) {
+    if (!p || p->n < 0 || p->n > RENDER_MAX_POINTS || (p->n && !p->x) || !p->series ||
+        p->nseries < 1 || p->nseries > RENDER_MAX_SERIES) {
+        set_err(err, errlen, "render: a plot needs 0..%lld points and 1..%d series",
+                (long long)RENDER_MAX_POINTS, RENDER_MAX_SERIES);
+        return RENDER_ERR_ARG;
+    }
+    for (int s = 0; s < p->nseries; s++)
+        if ((p->n && !p->series[s].y) || p->series[s].width < 1 || p->series[s].width > 4) {
+            set_err(err, errlen, "render: series %d needs values and a width of 1..4", s);
+            return RENDER_ERR_ARG;
+        }
+    return RENDER_OK;
+}
+
+static void plot_frame_make(const render_plot *p, plot_frame *f) {
+    double lo = INFINITY, hi = -INFINITY;
+    for (int s = 0; s < p->nseries; s++)
+        for (int64_t i = 0; i < p->n; i++)
+            if (isfinite(p->series[s].y[i]))
+                lo = fmin(lo, p->series[s].y[i]), hi = fmax(hi, p->series[s].y[i]);
+    if (!(hi > lo))
+        lo = 0, hi = hi > 0 ? hi : 1;
+    const double margin = lo - 0.05 * (hi - lo);
+    f->lo = lo >= 0 ? fmax(0.0, margin) : margin, f->hi = hi;
+    f->x0 = p->n ? (double)p->x[0] : 0;
+    f->x1 = p->n > 1 ? (double)p->x[p->n - 1] : f->x0 + 1;
+    if (!(f->x1 > f->x0))
+        f->x1 = f->x0 + 1;
+}
+
+static double plot_px(const plot_frame *f, double x) {
+    return PLOT_L + (x - f->x0) / (f->x1 - f->x0) * (PLOT_W - PLOT_L - PLOT_R);
+}
+
+static double plot_py(const plot_frame *f, double v) {
+    return PLOT_T + (f->hi - v) / (f->hi - f->lo) * (PLOT_H - PLOT_T - PLOT_B);
+}
+
+/* Tick k of 0..4: its y value and x value. */
+static void plot_tick(const plot_frame *f, int k, double *v, double *x) {
+    *v = f->lo + (f->hi - f->lo) * k / 4.0;
+    *x = f->x0 + (f->x1 - f->x0) * k / 4.0;
+}
+
+render_status render_plot_svg_write(const render_plot *p, const char *path, char *err,
+                                    size_t errlen) {
+    render_status st = check_plot(p, err, errlen);
+    if (st)
+        return st;
+    plot_frame fr;
+    plot_frame_make(p, &fr);
+    mha_safe_file *out;
+    if (mha_safe_file_open(&out, path) != MHA_OK) {
+        set_err(err, errlen, "%s", mha_last_error());
+        return RENDER_ERR_IO;
+    }
+    FILE *f = mha_safe_file_stream(out);
+    const int pw = PLOT_W - PLOT_L - PLOT_R, ph = PLOT_H - PLOT_T - PLOT_B;
+    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
+               "font-family=\"DejaVu Sans,sans-serif\" fill=\"#222\">\n",
+            PLOT_W, PLOT_H, PLOT_W, PLOT_H);
+    fprintf(f, "<desc>line plot: %lld points, %d series</desc>\n", (long long)p->n, p->nseries);
+    fprintf(f, "<rect class=\"background\" width=\"%d\" height=\"%d\" fill=\"#fff\"/>\n", PLOT_W, PLOT_H);
+    if (p->title)
+        svg_text_n(f, PLOT_W / 2, PLOT_T / 2, "middle", 15, p->title, TITLE_MAX);
+    char buf[32];
+    for (int k = 0; k <= 4; k++) { /* grid and ticks */
+        double v, x;
+        plot_tick(&fr, k, &v, &x);
+        int y = (int)lround(plot_py(&fr, v));
+        fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#ddd\"/>\n", PLOT_L, y,
+                PLOT_W - PLOT_R, y);
+        snprintf(buf, sizeof buf, "%.3g", v);
+        svg_text(f, PLOT_L - 6, y, "end", 12, buf);
+        snprintf(buf, sizeof buf, "%.0f", x);
+        svg_text(f, (int)lround(plot_px(&fr, x)), PLOT_H - PLOT_B + 14, "middle", 12, buf);
+    }
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#000\"/>\n",
+            PLOT_L, PLOT_T, pw, ph);
+    if (p->xlabel)
+        svg_text_n(f, PLOT_L + pw / 2, PLOT_H - 12, "middle", 12, p->xlabel, TITLE_MAX);
+    if (p->ylabel) {
+        fprintf(f, "<text x=\"0\" y=\"0\" transform=\"translate(16,%d) rotate(-90)\" font-size=\"12\" "
+                   "text-anchor=\"middle\" dominant-baseline=\"central\">", PLOT_T + ph / 2);
+        svg_escape(f, p->ylabel, TITLE_MAX);
+        fputs("</text>\n", f);
+    }
+    for (int s = 0; s < p->nseries; s++) {
+        const render_series *se = &p->series[s];
+        fputs("<polyline class=\"series\" data-name=\"", f);
+        svg_escape(f, se->name ? se->name : "", TITLE_MAX);
+        fprintf(f, "\" fill=\"none\" stroke=\"#%02x%02x%02x\" stroke-width=\"%d\" points=\"",
+                se->rgb[0], se->rgb[1], se->rgb[2], se->width);
+        for (int64_t i = 0; i < p->n; i++)
+            if (isfinite(se->y[i]))
+                fprintf(f, "%.1f,%.1f ", plot_px(&fr, (double)p->x[i]), plot_py(&fr, se->y[i]));
+        fputs("\"/>\n", f);
+        if (se->name) { /* the legend, top right, in the series' colour */
+            fprintf(f, "<g fill=\"#%02x%02x%02x\">", se->rgb[0], se->rgb[1], se->rgb[2]);
+            svg_text_n(f, PLOT_W - PLOT_R - 6, PLOT_T + 10 + 14 * s, "end", 11, se->name, TITLE_MAX);
+            fputs("</g>\n", f);
+        }
+    }
+    fputs("</svg>\n", f);
+    return finish_file(out, 1, err, errlen);
+}
+
+/* A line of width w from (x0,y0) to (x1,y1). */
+static void draw_line(render_image *img, double x0, double y0, double x1, double y1, int w,
+                      const uint8_t c[3]) {
+    const int n = (int)fmax(fabs(x1 - x0), fabs(y1 - y0)) + 1;
+    for (int i = 0; i <= n; i++) {
+        double t = (double)i / n;
+        fill_rect(img, (int)lround(x0 + t * (x1 - x0)), (int)lround(y0 + t * (y1 - y0)), w, w, c);
+    }
+}
+
+render_status render_plot_raster(const render_plot *p, render_image *img, char *err,
+                                 size_t errlen) {
+    static const uint8_t GRID[3] = {0xdd, 0xdd, 0xdd}, BLACK[3] = {0, 0, 0};
+    if (!img)
+        return RENDER_ERR_ARG;
+    img->width = img->height = 0;
+    img->rgb = NULL;
+    render_status st = check_plot(p, err, errlen);
+    if (st)
+        return st;
+    plot_frame fr;
+    plot_frame_make(p, &fr);
+    img->rgb = malloc((size_t)PLOT_W * PLOT_H * 3);
+    if (!img->rgb) {
+        set_err(err, errlen, "render: out of memory for a %dx%d picture", PLOT_W, PLOT_H);
+        return RENDER_ERR_NOMEM;
+    }
+    img->width = PLOT_W, img->height = PLOT_H;
+    memset(img->rgb, 0xff, (size_t)PLOT_W * PLOT_H * 3);
+    const int pw = PLOT_W - PLOT_L - PLOT_R, ph = PLOT_H - PLOT_T - PLOT_B, gh = 7;
+    const int tw = 6; /* the 5x7 font's advance at size 1 */
+    if (p->title)
+        draw_text_n(img, PLOT_W / 2 - tw * (int)fmin(strlen(p->title), TITLE_MAX) / 2,
+                    PLOT_T / 2 - gh / 2, p->title, TITLE_MAX, 1, 0);
+    char buf[32];
+    for (int k = 0; k <= 4; k++) {
+        double v, x;
+        plot_tick(&fr, k, &v, &x);
+        int y = (int)lround(plot_py(&fr, v)), xp = (int)lround(plot_px(&fr, x));
+        fill_rect(img, PLOT_L, y, pw, 1, GRID);
+        snprintf(buf, sizeof buf, "%.3g", v);
+        draw_text(img, PLOT_L - 6 - tw * (int)strlen(buf), y - gh / 2, buf, 1, 0);
+        snprintf(buf, sizeof buf, "%.0f", x);
+        draw_text(img, xp - tw * (int)strlen(buf) / 2, PLOT_H - PLOT_B + 8, buf, 1, 0);
+    }
+    if (p->xlabel)
+        draw_text_n(img, PLOT_L + pw / 2 - tw * (int)fmin(strlen(p->xlabel), TITLE_MAX) / 2,
+                    PLOT_H - 18, p->xlabel, TITLE_MAX, 1, 0);
+    if (p->ylabel)
+        draw_text_n(img, 12, PLOT_T + ph / 2 + tw * (int)fmin(strlen(p->ylabel), TITLE_MAX) / 2,
+                    p->ylabel, TITLE_MAX, 1, 1);
+    for (int s = 0; s < p->nseries; s++) {
+        const render_series *se = &p->series[s];
+        double px = 0, py = 0;
+        int have = 0;
+        for (int64_t i = 0; i < p->n; i++) {
+            if (!isfinite(se->y[i]))
+                continue;
+            double x = plot_px(&fr, (double)p->x[i]), y = plot_py(&fr, se->y[i]);
+            if (have)
+                draw_line(img, px, py, x, y, se->width, se->rgb);
+            px = x, py = y, have = 1;
+        }
+        if (se->name) { /* the legend: a stroke of the colour, then the name */
+            int ly = PLOT_T + 10 + 14 * s,
+                lx = PLOT_W - PLOT_R - 6 - tw * (int)fmin(strlen(se->name), TITLE_MAX);
+            draw_line(img, lx - 22, ly, lx - 6, ly, se->width, se->rgb);
+            draw_text_n(img, lx, ly - gh / 2, se->name, TITLE_MAX, 1, 0);
+        }
+    }
+    frame_rect(img, PLOT_L, PLOT_T, pw, ph, BLACK);
+    return RENDER_OK;
+}
+
+render_status render_plot_png_write(const render_plot *p, const char *path, char *err,
+                                    size_t errlen) {
+    render_image img = {0, 0, NULL};
+    render_status st = render_png_available() ? render_plot_raster(p, &img, err, errlen) : RENDER_OK;
+    return st ? st : png_write(&img, path, "mha train", err, errlen);
+}

@@ -1,4 +1,5 @@
-/* render.h - attention maps as pictures: SVG (by hand) and PNG (libpng).
+/* render.h - attention maps (and line plots) as pictures: SVG (by hand) and
+ * PNG (libpng).
  *
  * Given per-head attention weights (H,L,S) - H heads, L queries, S keys -
  * the renderer draws a grid of heat maps, one panel per head plus one for
@@ -80,5 +81,41 @@ render_status render_cell_box(const render_maps *m, int64_t p, int64_t i, int64_
 
 /* The colour of t in [0,1] (clamped) on the viridis colour map. */
 void render_colormap(double t, uint8_t rgb[3]);
+
+/* ---- line plots (the loss curve of `mha train`) ------------------------------
+ * n points per series over shared x values, in a 720x400 frame: the title
+ * on top, a 4x4 grid with tick values (%.3g on y, %.0f on x), the axis
+ * labels, one line per series (non-finite points are skipped; the line
+ * joins the finite ones) and a legend with the series' names.  The y range
+ * covers every finite value (starting at 0 or above when all are >= 0).
+ * SVG: one <polyline class="series" data-name=...> per series, the texts
+ * escaped.  PNG: the same drawing, the texts in the 5x7 font. */
+#define RENDER_MAX_SERIES 8
+#define RENDER_MAX_POINTS ((int64_t)1 << 24)
+
+typedef struct render_series {
+    const char *name;   /* legend text                                      */
+    const float *y;     /* n values                                         */
+    uint8_t rgb[3];     /* line colour                                      */
+    int width;          /* line width in pixels, 1..4                       */
+} render_series;
+
+typedef struct render_plot {
+    int64_t n;                      /* points per series (0 allowed)        */
+    const int64_t *x;               /* n x values, increasing               */
+    int nseries;                    /* 1..RENDER_MAX_SERIES                 */
+    const render_series *series;
+    const char *title, *xlabel, *ylabel; /* each may be NULL               */
+} render_plot;
+
+/* Writes the plot as SVG / PNG to path, like render_svg_write and
+ * render_png_write (RENDER_ERR_UNSUPPORTED for PNG without libpng). */
+render_status render_plot_svg_write(const render_plot *p, const char *path, char *err,
+                                    size_t errlen);
+render_status render_plot_png_write(const render_plot *p, const char *path, char *err,
+                                    size_t errlen);
+/* Rasterises the plot (what render_plot_png_write encodes). */
+render_status render_plot_raster(const render_plot *p, render_image *img, char *err,
+                                 size_t errlen);
 
 #endif

@@ -18,6 +18,7 @@
  */
 #include "cli.h"
 #include "mha_inputs.h"
+#include "render.h"
 
 #include <errno.h>
 #include <math.h>
@@ -134,71 +135,27 @@ static void make_batch(const task *t, int64_t *tok, int64_t *tgt, int64_t B, uin
     }
 }
 
-/* ---- the loss curve as SVG ------------------------------------------------------ */
+/* ---- the loss curve (drawn by render.c) ------------------------------------------ */
 
-static void svg_text(FILE *f, double x, double y, const char *anchor, const char *s) {
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\">%s</text>\n", x, y, anchor, s);
-}
-
-/* steps (n) and loss (n): raw loss in light blue, a running mean in dark. */
-static int write_svg(const char *path, const int64_t *steps, const float *loss, int64_t n,
-                     const char *title) {
-    mha_safe_file *out;
-    if (mha_safe_file_open(&out, path) != MHA_OK)
+/* DIR/loss.svg or .png: steps (n) and loss (n), raw in light blue, a running
+ * mean (decay 0.95) in dark.  0, or -1 with the message in err. */
+static int write_curve(const char *path, int png, const int64_t *steps, const float *loss,
+                       int64_t n, const char *title, char *err, size_t errlen) {
+    float *mean = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    if (!mean) {
+        snprintf(err, errlen, "loss curve: out of memory");
         return -1;
-    FILE *f = mha_safe_file_stream(out);
-    const double W = 720, H = 400, l = 70, r = 20, t = 40, b = 50;
-    double lo = INFINITY, hi = -INFINITY;
+    }
+    double avg = n ? loss[0] : 0;
     for (int64_t i = 0; i < n; i++)
-        if (isfinite(loss[i]))
-            lo = fmin(lo, loss[i]), hi = fmax(hi, loss[i]);
-    if (!(hi > lo))
-        lo = 0, hi = hi > 0 ? hi : 1;
-    lo = fmax(0.0, lo - 0.05 * (hi - lo));
-    const double s0 = n ? (double)steps[0] : 0, s1 = n > 1 ? (double)steps[n - 1] : s0 + 1;
-#define PX(s) (l + ((s) - s0) / (s1 - s0) * (W - l - r))
-#define PY(v) (t + (hi - (v)) / (hi - lo) * (H - t - b))
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-               "font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
-    fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    char buf[128];
-    fprintf(f, "<g font-size=\"15\">");
-    svg_text(f, W / 2, 24, "middle", title);
-    fprintf(f, "</g>\n");
-    for (int k = 0; k <= 4; k++) { /* grid and ticks */
-        double v = lo + (hi - lo) * k / 4.0, y = PY(v);
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", l,
-                y, W - r, y);
-        snprintf(buf, sizeof buf, "%.3g", v);
-        svg_text(f, l - 6, y + 4, "end", buf);
-        double s = s0 + (s1 - s0) * k / 4.0;
-        snprintf(buf, sizeof buf, "%.0f", s);
-        svg_text(f, PX(s), H - b + 18, "middle", buf);
-    }
-    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
-               "stroke=\"black\"/>\n", l, t, W - l - r, H - t - b);
-    svg_text(f, (l + W - r) / 2, H - 12, "middle", "step");
-    fprintf(f, "<text x=\"16\" y=\"%.1f\" transform=\"rotate(-90 16 %.1f)\" "
-               "text-anchor=\"middle\">cross-entropy loss</text>\n", (t + H - b) / 2, (t + H - b) / 2);
-    for (int pass = 0; pass < 2; pass++) {
-        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%s\" points=\"",
-                pass ? "#1f4e9c" : "#9ec3f0", pass ? "2" : "1");
-        double avg = n ? loss[0] : 0;
-        for (int64_t i = 0; i < n; i++) {
-            avg = pass ? 0.95 * avg + 0.05 * loss[i] : loss[i];
-            if (isfinite(avg))
-                fprintf(f, "%.1f,%.1f ", PX((double)steps[i]), PY(avg));
-        }
-        fprintf(f, "\"/>\n");
-    }
-    fprintf(f, "<g font-size=\"11\"><text x=\"%.1f\" y=\"%.1f\" fill=\"#9ec3f0\" "
-               "text-anchor=\"end\">per step</text><text x=\"%.1f\" y=\"%.1f\" fill=\"#1f4e9c\" "
-               "text-anchor=\"end\">running mean</text></g>\n", W - r - 6, t + 14, W - r - 6,
-            t + 28);
-    fprintf(f, "</svg>\n");
-#undef PX
-#undef PY
-    return mha_safe_file_close(out, 1) == MHA_OK ? 0 : -1;
+        mean[i] = (float)(avg = 0.95 * avg + 0.05 * loss[i]);
+    const render_series series[2] = {{"per step", loss, {158, 195, 240}, 1},
+                                     {"running mean", mean, {31, 78, 156}, 2}};
+    const render_plot plot = {n, steps, 2, series, title, "step", "cross-entropy loss"};
+    render_status st = png ? render_plot_png_write(&plot, path, err, errlen)
+                           : render_plot_svg_write(&plot, path, err, errlen);
+    free(mean);
+    return st == RENDER_OK ? 0 : -1;
 }
 
 /* DIR/loss.tsv: "step\tloss" lines.  0, or -1 with mha_last_error() set. */
@@ -211,116 +168,6 @@ static int write_losses(const char *path, const int64_t *steps, const float *los
         fprintf(f, "%lld\t%.9g\n", (long long)steps[i], (double)loss[i]);
     return mha_safe_file_close(out, 1) == MHA_OK ? 0 : -1;
 }
-
-/* ---- the loss curve as PNG (libpng's simplified API), when the build has it ---------- */
-
-#ifdef MHA_HAVE_PNG
-#include <png.h>
-
-/* 3x5 glyphs for tick labels: "0123456789.e-", one row per 3-bit line. */
-static const char *const GLYPHS = "0123456789.e-";
-static const unsigned char FONT[13][5] = {
-    {7, 5, 5, 5, 7}, {2, 6, 2, 2, 7}, {7, 1, 7, 4, 7}, {7, 1, 7, 1, 7}, {5, 5, 7, 1, 1},
-    {7, 4, 7, 1, 7}, {7, 4, 7, 5, 7}, {7, 1, 1, 1, 1}, {7, 5, 7, 5, 7}, {7, 5, 7, 1, 7},
-    {0, 0, 0, 0, 2}, {0, 7, 5, 6, 7}, {0, 0, 7, 0, 0}};
-
-typedef struct canvas {
-    int w, h;
-    unsigned char *rgb;
-} canvas;
-
-static void dot(canvas *c, int x, int y, const unsigned char col[3]) {
-    if (x >= 0 && y >= 0 && x < c->w && y < c->h)
-        memcpy(c->rgb + 3 * ((size_t)y * (size_t)c->w + (size_t)x), col, 3);
-}
-
-static void line(canvas *c, double x0, double y0, double x1, double y1, int thick,
-                 const unsigned char col[3]) {
-    const int n = (int)fmax(fabs(x1 - x0), fabs(y1 - y0)) + 1;
-    for (int i = 0; i <= n; i++) {
-        double t = (double)i / n, x = x0 + t * (x1 - x0), y = y0 + t * (y1 - y0);
-        for (int dx = 0; dx < thick; dx++)
-            for (int dy = 0; dy < thick; dy++)
-                dot(c, (int)lround(x) + dx, (int)lround(y) + dy, col);
-    }
-}
-
-/* Text right-aligned at x (anchor 'r') or centred ('c'), glyphs scaled 2x. */
-static void label(canvas *c, int x, int y, char anchor, const char *s) {
-    static const unsigned char ink[3] = {40, 40, 40};
-    const int width = (int)strlen(s) * 8;
-    int x0 = anchor == 'r' ? x - width : x - width / 2;
-    for (const char *p = s; *p; p++, x0 += 8) {
-        const char *g = strchr(GLYPHS, *p);
-        if (!g || !*p)
-            continue;
-        const unsigned char *rows = FONT[g - GLYPHS];
-        for (int r = 0; r < 5; r++)
-            for (int b = 0; b < 3; b++)
-                if (rows[r] & (4 >> b))
-                    for (int k = 0; k < 4; k++)
-                        dot(c, x0 + 2 * b + (k & 1), y + 2 * r + (k >> 1), ink);
-    }
-}
-
-static int write_png(const char *path, const int64_t *steps, const float *loss, int64_t n) {
-    canvas c = {720, 400, NULL};
-    c.rgb = malloc((size_t)c.w * (size_t)c.h * 3);
-    if (!c.rgb)
-        return -1;
-    memset(c.rgb, 255, (size_t)c.w * (size_t)c.h * 3);
-    const double l = 70, r = 20, t = 20, b = 40;
-    double lo = INFINITY, hi = -INFINITY;
-    for (int64_t i = 0; i < n; i++)
-        if (isfinite(loss[i]))
-            lo = fmin(lo, loss[i]), hi = fmax(hi, loss[i]);
-    if (!(hi > lo))
-        lo = 0, hi = hi > 0 ? hi : 1;
-    lo = fmax(0.0, lo - 0.05 * (hi - lo));
-    const double s0 = n ? (double)steps[0] : 0, s1 = n > 1 ? (double)steps[n - 1] : s0 + 1;
-#define PX(s) (l + ((s) - s0) / (s1 - s0) * (c.w - l - r))
-#define PY(v) (t + (hi - (v)) / (hi - lo) * (c.h - t - b))
-    static const unsigned char grid[3] = {221, 221, 221}, frame[3] = {0, 0, 0},
-                               light[3] = {158, 195, 240}, dark[3] = {31, 78, 156};
-    char buf[32];
-    for (int k = 0; k <= 4; k++) {
-        double v = lo + (hi - lo) * k / 4.0, s = s0 + (s1 - s0) * k / 4.0;
-        line(&c, l, PY(v), c.w - r, PY(v), 1, grid);
-        snprintf(buf, sizeof buf, "%.3g", v);
-        label(&c, (int)l - 6, (int)PY(v) - 5, 'r', buf);
-        snprintf(buf, sizeof buf, "%.0f", s);
-        label(&c, (int)PX(s), c.h - (int)b + 8, 'c', buf);
-    }
-    for (int pass = 0; pass < 2; pass++) {
-        double avg = n ? loss[0] : 0, px = 0, py = 0;
-        for (int64_t i = 0; i < n; i++) {
-            avg = pass ? 0.95 * avg + 0.05 * loss[i] : loss[i];
-            double x = PX((double)steps[i]), y = PY(avg);
-            if (i && isfinite(avg))
-                line(&c, px, py, x, y, pass ? 2 : 1, pass ? dark : light);
-            px = x, py = y;
-        }
-    }
-    line(&c, l, t, c.w - r, t, 1, frame), line(&c, l, c.h - b, c.w - r, c.h - b, 1, frame);
-    line(&c, l, t, l, c.h - b, 1, frame), line(&c, c.w - r, t, c.w - r, c.h - b, 1, frame);
-#undef PX
-#undef PY
-    png_image img;
-    memset(&img, 0, sizeof img);
-    img.version = PNG_IMAGE_VERSION;
-    img.width = (png_uint_32)c.w, img.height = (png_uint_32)c.h;
-    img.format = PNG_FORMAT_RGB;
-    mha_safe_file *out;
-    int ok = mha_safe_file_open(&out, path) == MHA_OK;
-    if (ok) {
-        ok = png_image_write_to_stdio(&img, mha_safe_file_stream(out), 0, c.rgb, 0, NULL);
-        ok = mha_safe_file_close(out, ok) == MHA_OK && ok;
-    }
-    png_image_free(&img);
-    free(c.rgb);
-    return ok ? 0 : -1;
-}
-#endif
 
 /* ---- progress ---------------------------------------------------------------------- */
 
@@ -807,18 +654,14 @@ int cli_train(int argc, char **argv) {
         snprintf(title, sizeof title, "mha train: %s, %lld layers, dim %lld, seed %llu",
                  t.sort ? "sort" : "reverse", (long long)c->layers, (long long)c->dim,
                  (unsigned long long)useed);
-        snprintf(path, sizeof path, "%s/loss.svg", out_dir);
-        if (rc == CLI_OK && write_svg(path, hist_step, hist_loss, n_hist, title) != 0) {
-            fprintf(stderr, "mha train: %s\n", mha_last_error());
-            rc = CLI_INTERNAL;
+        for (int png = 0; rc == CLI_OK && png <= render_png_available(); png++) {
+            char err[512];
+            snprintf(path, sizeof path, "%s/loss.%s", out_dir, png ? "png" : "svg");
+            if (write_curve(path, png, hist_step, hist_loss, n_hist, title, err, sizeof err) != 0) {
+                fprintf(stderr, "mha train: %s\n", err);
+                rc = CLI_INTERNAL;
+            }
         }
-#ifdef MHA_HAVE_PNG
-        snprintf(path, sizeof path, "%s/loss.png", out_dir);
-        if (rc == CLI_OK && write_png(path, hist_step, hist_loss, n_hist) != 0) {
-            fprintf(stderr, "mha train: cannot write %s (%s)\n", path, mha_last_error());
-            rc = CLI_INTERNAL;
-        }
-#endif
     }
     if (rc == CLI_OK) {
         const int64_t done = steps > start ? steps - start : 0;
@@ -828,11 +671,10 @@ int cli_train(int argc, char **argv) {
         printf("eval_loss: %.4f\n", (double)eval_loss);
         printf("sequence_accuracy: %.4f\n", seq_acc);
         printf("checkpoint: %s/model.safetensors\n", out_dir);
-#ifdef MHA_HAVE_PNG
-        printf("loss_curve: %s/loss.svg %s/loss.png\n", out_dir, out_dir);
-#else
-        printf("loss_curve: %s/loss.svg\n", out_dir);
-#endif
+        printf("loss_curve: %s/loss.svg", out_dir);
+        if (render_png_available())
+            printf(" %s/loss.png", out_dir);
+        printf("\n");
         printf("accuracy: %.4f\n", acc);
     }
     free(tok), free(tgt), free(hist_step), free(hist_loss);

@@ -1,5 +1,6 @@
 /* layers.h - private interface shared by the Transformer-layer files
- * (norm.c, activation.c, mlp.c, transformer.c); never installed.
+ * (norm.c, activation.c, mlp.c, transformer.c, transformer_train.c); never
+ * installed.
  *
  * Letter legend: N rows (B*L), E model width, F MLP hidden width.
  * Every kernel here has a float32 path and a float64 reference with the
@@ -122,9 +123,73 @@ void mha_mlp_backward_f32(float *dx, const mha_mlp_raw_grads *g, const float *do
 void mha_mlp_backward_ref(float *dx, const mha_mlp_raw_grads *g, const float *dout,
                           const float *x, int64_t N, const mha_mlp_raw *m, mha_activation act);
 
-/* ---- layer training (transformer.c): the public forward_train/backward
- * with the layer index of a stack (dropout streams and attention seeds
- * depend on it, as in the stack's forward); the public calls use 0. */
+/* ---- the Transformer layers' shared steps (transformer.c; the training half
+ * in transformer_train.c uses them too) --------------------------------------
+ * A layer is a list of blocks, each a sublayer with the norm that goes with
+ * it (normK of PyTorch's layer is block K-1):
+ *   encoder  self attention, MLP;   decoder  self attention, cross, MLP.
+ * Dropout streams (16 per layer, mha_layer_stream): an attention block k
+ * drops its output on stream k; the MLP block k drops its hidden units on
+ * stream k and its output on stream k + 1 (encoder 0 | 1, 2; decoder 0 | 1 |
+ * 2, 3), as they have always been. */
+typedef struct mha_layer_block {
+    const mha_multihead_weights *attn;         /* NULL: the MLP block        */
+    bool cross;                                /* attention over memory (S)  */
+    const mha_tensor *norm_weight, *norm_bias; /* (E) or NULL each           */
+} mha_layer_block;
+
+typedef struct mha_layer_parts {
+    int n;                     /* blocks: 2 (encoder) or 3 (decoder)         */
+    mha_layer_block block[3];
+    mha_mlp_raw mlp;           /* the MLP block's weights, F hidden width    */
+} mha_layer_parts;
+
+/* A stack (nn.TransformerEncoder / Decoder) seen as one: exactly one of
+ * enc and dec is set. */
+typedef struct mha_layer_stack {
+    int64_t num_layers;
+    const mha_encoder_layer_weights *enc; /* num_layers entries, or NULL    */
+    const mha_decoder_layer_weights *dec; /* num_layers entries, or NULL    */
+    int final_norm;
+    const mha_tensor *norm_weight, *norm_bias; /* (E) or NULL each          */
+} mha_layer_stack;
+
+/* Checks one layer's weights against width E and lays them out as blocks. */
+mha_status mha_layer_parts_encoder(const mha_encoder_layer_weights *w, int64_t E,
+                                   mha_layer_parts *p);
+mha_status mha_layer_parts_decoder(const mha_decoder_layer_weights *w, int64_t E,
+                                   mha_layer_parts *p);
+/* Layer l of a stack as blocks. */
+mha_status mha_layer_stack_parts(const mha_layer_stack *s, int64_t l, int64_t E,
+                                 mha_layer_parts *p);
+/* Checks every layer of s against width E; *F = the widest MLP. */
+mha_status mha_layer_stack_width(const mha_layer_stack *s, int64_t E, int64_t *F);
+/* The final norm's weight and bias, when s has one, against width E. */
+mha_status mha_layer_stack_check_norm(const mha_layer_stack *s, int64_t E);
+
+/* A (B,L,E) or (L,E) sequence, contiguous; B = 1 for (L,E). */
+mha_status mha_layer_seq_check(const mha_tensor *t, const char *name, int64_t *B, int64_t *L,
+                               int64_t *E);
+/* x: such a sequence (named tgt with memory, else src); memory: NULL (then
+ * *S = L) or a sequence of the same rank, batch and width. */
+mha_status mha_layer_seq_dims(const mha_tensor *x, const mha_tensor *memory, int64_t *B,
+                              int64_t *L, int64_t *S, int64_t *E);
+/* Block k's dropout stream for its output (see above). */
+int mha_layer_residual_stream(const mha_layer_parts *p, int k);
+/* Dropout stream k of layer `layer`. */
+uint64_t mha_layer_stream(int64_t layer, int k);
+/* The multi-head options of block b of layer `layer`: the layer's masks
+ * (self or cross), its options and an attention-dropout seed per layer and
+ * module. */
+mha_status mha_layer_attn_options(const mha_layer_options *opt, const mha_layer_masks *masks,
+                                  const mha_layer_block *b, int64_t layer,
+                                  mha_multihead_options *o);
+/* n floats rounded up to a 64-byte line. */
+static inline int64_t mha_round_line(int64_t n) { return (n + 15) / 16 * 16; }
+
+/* ---- layer training (transformer_train.c): the public forward_train and
+ * backward with the layer index of a stack (dropout streams and attention
+ * seeds depend on it, as in the stack's forward); the public calls use 0. */
 mha_status mha_encoder_layer_forward_train_at(mha_tensor *out, void *saved, size_t saved_bytes,
                                               const mha_tensor *src,
                                               const mha_encoder_layer_weights *w,
@@ -135,21 +200,6 @@ mha_status mha_encoder_layer_backward_at(mha_tensor *dsrc, const mha_encoder_lay
                                          const mha_tensor *dout, const void *saved,
                                          size_t saved_bytes, const mha_tensor *src,
                                          const mha_encoder_layer_weights *w,
-                                         const mha_layer_masks *masks,
-                                         const mha_layer_options *opt, void *workspace,
-                                         size_t workspace_bytes, int64_t layer);
-mha_status mha_decoder_layer_forward_train_at(mha_tensor *out, void *saved, size_t saved_bytes,
-                                              const mha_tensor *tgt, const mha_tensor *memory,
-                                              const mha_decoder_layer_weights *w,
-                                              const mha_layer_masks *masks,
-                                              const mha_layer_options *opt, void *workspace,
-                                              size_t workspace_bytes, int64_t layer);
-mha_status mha_decoder_layer_backward_at(mha_tensor *dtgt, mha_tensor *dmemory,
-                                         const mha_decoder_layer_grads *grads,
-                                         const mha_tensor *dout, const void *saved,
-                                         size_t saved_bytes, const mha_tensor *tgt,
-                                         const mha_tensor *memory,
-                                         const mha_decoder_layer_weights *w,
                                          const mha_layer_masks *masks,
                                          const mha_layer_options *opt, void *workspace,
                                          size_t workspace_bytes, int64_t layer);

@@ -16,6 +16,7 @@
  */
 #include "internal.h"
 #include "multihead.h"
+#include "kernels/attention_bias.h"
 
 #include <math.h>
 #include <string.h>
@@ -212,26 +213,29 @@ static mha_status check_weights_out(const mh_dims *m, const mha_multihead_option
     return MHA_OK;
 }
 
-/* Combined additive mask (Bm,Hm,L,S') when extra key columns exist: causal
- * and the caller's masks on the first S columns, 0 on the appended ones. */
+/* Combined additive mask (Bm,Hm,L,S') when extra key columns exist: the
+ * bias rule (src/kernels/attention_bias.h, causality ADDED to the masks) on
+ * the first S columns, 0 on the appended ones. */
 mha_status mha_mh_build_padded_mask(const mh_dims *m, const mha_tensor *attn,
                                     const mha_tensor *kpm, int causal, mha_tensor *out) {
     int64_t shape[4] = {kpm || (attn && attn->stride[0]) ? m->B : 1,
                         attn && attn->stride[1] ? m->H : 1, m->L, m->Sx};
+    mha_attn_problem p;
+    memset(&p, 0, sizeof p);
+    p.L = m->L, p.S = m->S;
+    if (attn)
+        p.mask = *attn, p.mask_polarity = MHA_TRUE_MASKS;
+    if (kpm)
+        p.kpm = *kpm, p.kpm_polarity = MHA_TRUE_MASKS;
+    p.causal = causal ? MHA_CAUSAL_TOP_LEFT : MHA_CAUSAL_NONE;
     MHA_TRY(mha_tensor_create(out, MHA_F32, 4, shape));
     float *dst = out->data;
     for (int64_t b = 0; b < shape[0]; b++)
         for (int64_t h = 0; h < shape[1]; h++)
             for (int64_t i = 0; i < m->L; i++)
-                for (int64_t j = 0; j < m->S; j++) {
-                    int64_t idx[4] = {b, h, i, j};
-                    float bias = causal && j > i ? -INFINITY : 0.0f;
-                    if (attn)
-                        bias += mha_mask_value(attn, mha_offset(attn, idx), MHA_TRUE_MASKS);
-                    if (kpm)
-                        bias += mha_mask_value(kpm, mha_offset(kpm, idx), MHA_TRUE_MASKS);
-                    dst[((b * shape[1] + h) * m->L + i) * m->Sx + j] = bias;
-                }
+                for (int64_t j = 0; j < m->S; j++)
+                    dst[((b * shape[1] + h) * m->L + i) * m->Sx + j] =
+                        mha_attn_bias_with(&p, b, h, i, j, MHA_CAUSAL_ADDED);
     return MHA_OK;
 }
 
@@ -400,20 +404,16 @@ mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
     /* then the attention kernel's scratch: planned by the caller's workspace,
      * or part of the one allocation made here */
     const size_t used = total / sizeof(float);
-    float *ws = workspace;
-    size_t ws_floats = (size_t)workspace_floats;
-    if (ws) {
-        MHA_CHECK(used <= ws_floats, MHA_ERR_VALUE, "multihead: workspace of %lld floats, need %zu",
-                  (long long)workspace_floats, used);
-    } else {
+    size_t ws_floats = workspace ? (size_t)workspace_floats : used;
+    if (!workspace) {
         int64_t extra = scratch_floats(m.B, m.L, m.Sx, m.E, m.H);
         MHA_CHECK(!__builtin_add_overflow(used, (size_t)extra, &ws_floats) &&
                       !mha_size_mul_overflows(ws_floats, sizeof(float), &total),
                   MHA_ERR_OVERFLOW, "multihead: workspace size overflows");
-        ws = mha_malloc(total);
     }
-    MHA_CHECK(ws != NULL, MHA_ERR_NOMEM, "multihead: cannot allocate %zu bytes of workspace",
-              total);
+    float *ws, *owned;
+    MHA_TRY(mha_workspace_get(workspace, (size_t)workspace_floats * sizeof(float), total,
+                              "multihead", &ws, &owned));
     float *qkv = ws, *attn = ws + n_qkv, *per_head = n_w ? attn + n_attn : NULL;
     const size_t scratch_at = (used + 15) / 16 * 16;
     if (ws_floats > scratch_at) {
@@ -483,8 +483,7 @@ mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
                        w->out_proj_bias ? w->out_proj_bias->data : NULL, m.L, E, E, 0);
 done:
     mha_tensor_free(&padded);
-    if (ws != workspace)
-        mha_free(ws);
+    mha_free(owned);
     return st;
 }
 

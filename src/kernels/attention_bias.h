@@ -67,4 +67,29 @@ static inline float mha_attn_bias(const mha_attn_problem *p, int64_t b, int64_t 
     return mha_attn_bias_terms(p, b, h, i, j);
 }
 
+/* How causality meets the additive terms: the one place the rule has a
+ * choice.  HARD (every kernel, SDPA, multi-head attention without extra key
+ * columns): a causally masked score is -inf and the terms are not read.
+ * ADDED (multi-head attention's padded mask, built when bias_k/bias_v or
+ * add_zero_attn append key columns to masked attention, src/multihead.c):
+ * -inf + the terms, as additive masks merge (PyTorch adds its float masks).
+ * They differ only where a term above the diagonal is +inf or NaN: NaN with
+ * ADDED, -inf with HARD.  Tests: test_attention_bias.c. */
+typedef enum mha_causal_rule { MHA_CAUSAL_HARD, MHA_CAUSAL_ADDED } mha_causal_rule;
+
+/* mha_attn_bias with the causal rule as a parameter. */
+static inline float mha_attn_bias_with(const mha_attn_problem *p, int64_t b, int64_t h, int64_t i,
+                                       int64_t j, mha_causal_rule rule) {
+    if (rule == MHA_CAUSAL_HARD)
+        return mha_attn_bias(p, b, h, i, j);
+    if (p->kv_len.data && j >= mha_attn_kv_len(p, b))
+        return -INFINITY;
+    int64_t lo, hi;
+    mha_attn_key_range(p, b, i, &lo, &hi);
+    if (j < lo || j > hi)
+        return -INFINITY;
+    const bool above = p->causal != MHA_CAUSAL_NONE && j > i + mha_attn_offset(p, b);
+    return (above ? -INFINITY : 0.0f) + mha_attn_bias_terms(p, b, h, i, j);
+}
+
 #endif /* MHA_KERNELS_ATTENTION_BIAS_H */

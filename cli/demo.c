@@ -61,7 +61,7 @@ static int walkthrough(void) {
     printf("Attention weights per head (rows: queries, columns: keys; ░▒▓█ = 0.05/0.15/0.3/0.5+)\n");
     for (int64_t r = 0; r < h; r++) {
         printf("  head %lld\n", (long long)r);
-        const float *w = walk.weights + r * L * L;
+        const float *w = walk.attn_weights + r * L * L;
         printf("        ");
         for (int64_t j = 0; j < L; j++)
             printf("%s", TOKENS[j]);

@@ -283,8 +283,8 @@ static float scale_top(const render_maps *m) {
     float mx = 0;
     size_t n = (size_t)(m->H * m->L * m->S);
     for (size_t k = 0; k < n; k++)
-        if (isfinite(m->weights[k]) && m->weights[k] > mx)
-            mx = m->weights[k];
+        if (isfinite(m->attn_weights[k]) && m->attn_weights[k] > mx)
+            mx = m->attn_weights[k];
     return mx > 0 ? mx : 1;
 }
 
@@ -293,7 +293,7 @@ int64_t render_panel_count(const render_maps *m) {
 }
 
 static render_status check_maps(const render_maps *m, char *err, size_t errlen) {
-    if (!m || !m->weights) {
+    if (!m || !m->attn_weights) {
         set_err(err, errlen, "render: no weights");
         return RENDER_ERR_ARG;
     }
@@ -394,10 +394,10 @@ static int legend_ticks(float vmax, int want, double *ticks, int max) {
 /* Panel p's weight (i,j): a head's, or the mean over heads. */
 static float panel_weight(const render_maps *m, int64_t p, int64_t i, int64_t j) {
     if (p < m->H)
-        return m->weights[(p * m->L + i) * m->S + j];
+        return m->attn_weights[(p * m->L + i) * m->S + j];
     double s = 0;
     for (int64_t h = 0; h < m->H; h++)
-        s += m->weights[(h * m->L + i) * m->S + j];
+        s += m->attn_weights[(h * m->L + i) * m->S + j];
     return (float)(s / m->H);
 }
 

@@ -32,7 +32,7 @@ typedef enum render_status {
 
 typedef struct render_maps {
     int64_t H, L, S;                  /* heads, queries, keys (each >= 1)       */
-    const float *weights;             /* (H,L,S) row-major; NaN drawn grey      */
+    const float *attn_weights;        /* (H,L,S) row-major; NaN drawn grey      */
     const char *const *query_labels;  /* L UTF-8 labels, or NULL: "0".."L-1"    */
     const char *const *key_labels;    /* S UTF-8 labels, or NULL: "0".."S-1"    */
     const char *title;                /* figure title, or NULL                  */

@@ -324,8 +324,8 @@ int seed_walk_run(const seed_example *ex, seed_walk *walk) {
         return -1;
     }
     walk->q = f, walk->k = f + LD, walk->v = f + 2 * LD, walk->heads = f + 3 * LD;
-    walk->concat = f + 4 * LD, walk->out = f + 5 * LD, walk->weights = f + 6 * LD;
-    float *api = walk->weights + h * L * L;
+    walk->concat = f + 4 * LD, walk->out = f + 5 * LD, walk->attn_weights = f + 6 * LD;
+    float *api = walk->attn_weights + h * L * L;
     /* 1. Q, K, V = X W^T */
     for (int part = 0; part < 3; part++) {
         matmul_nt(tmp, ex->x, D, ex->in_proj + part * D * D, D, L, D, D);
@@ -335,7 +335,7 @@ int seed_walk_run(const seed_example *ex, seed_walk *walk) {
     }
     /* 2-3. split into heads by strides and attend per head -> concat layout */
     int rc = 0;
-    if (heads_sdpa(walk->q, walk->k, walk->v, L, D, h, walk->concat, walk->weights) != MHA_OK)
+    if (heads_sdpa(walk->q, walk->k, walk->v, L, D, h, walk->concat, walk->attn_weights) != MHA_OK)
         rc = -1;
     for (int64_t r = 0; rc == 0 && r < h; r++) /* head r's output as its own (L,d) */
         for (int64_t i = 0; i < L; i++)

@@ -42,11 +42,11 @@ int seed_claims_check(seed_claim *claims, int64_t L, int64_t D, int64_t h, uint6
 #endif
 
 /* The seed 003 walkthrough, step by step, with every intermediate:
- * q/k/v (L,D) projections, heads (h,L,d) per-head outputs, weights (h,L,L),
+ * q/k/v (L,D) projections, heads (h,L,d) per-head outputs, attn_weights (h,L,L),
  * concat (L,D), out (L,D); err_vs_api = max rel error of out against
  * mha_multihead_forward on the same example. */
 typedef struct seed_walk {
-    float *q, *k, *v, *heads, *weights, *concat, *out; /* one allocation */
+    float *q, *k, *v, *heads, *attn_weights, *concat, *out; /* one allocation */
     double err_vs_api;
 } seed_walk;
 

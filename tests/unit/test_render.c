@@ -262,8 +262,8 @@ static void check_cells(const render_maps *m, const uint8_t *rgb, int width) {
             for (int64_t j = 0; j < m->S; j++) {
                 double wsum = 0;
                 for (int64_t h = 0; h < m->H; h++)
-                    wsum += m->weights[(h * m->L + i) * m->S + j];
-                double want_w = p < m->H ? m->weights[(p * m->L + i) * m->S + j] : wsum / m->H;
+                    wsum += m->attn_weights[(h * m->L + i) * m->S + j];
+                double want_w = p < m->H ? m->attn_weights[(p * m->L + i) * m->S + j] : wsum / m->H;
                 uint8_t want[3];
                 render_colormap(want_w, want);
                 const uint8_t *px = cell_centre(m, rgb, width, p, i, j);

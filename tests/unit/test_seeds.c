@@ -32,7 +32,7 @@ TEST(seeds_walkthrough_matches_one_library_call) {
         for (int i = 0; i < 7; i++) {
             double s = 0.0;
             for (int j = 0; j < 7; j++)
-                s += walk.weights[(r * 7 + i) * 7 + j];
+                s += walk.attn_weights[(r * 7 + i) * 7 + j];
             CHECK(fabs(s - 1.0) < 1e-6);
         }
     seed_walk_free(&walk);

@@ -549,7 +549,8 @@ int cli_train(int argc, char **argv) {
         mha_model_config c;
         mha_model_config_init(&c);
         c.vocab = t.V, c.max_len = t.T, c.dim = dim, c.heads = heads, c.ffn = ffn;
-        c.layers = layers, c.causal = causal, c.norm_first = !post_norm;
+        c.layers = layers, c.norm_first = !post_norm;
+        c.causal = causal ? MHA_CAUSAL_TOP_LEFT : MHA_CAUSAL_NONE;
         c.dropout = (float)dropout;
         st = mha_model_create(&m, &c, useed);
         mha_adamw_options o;

@@ -272,7 +272,7 @@ TEST(core_multihead_unbatched_and_self_attention_paths_agree) {
     mha_multihead_options opt;
     mha_multihead_options_init(&opt);
     opt.num_heads = H;
-    opt.causal = 1;
+    opt.causal = MHA_CAUSAL_TOP_LEFT;
     REQUIRE_OK(mha_multihead_forward(&y1, &x, &x, &x, &w, &opt));
     REQUIRE_OK(mha_multihead_forward(&y2, &x, &xc, &xc, &w, &opt));
     CHECK(test_rel_err(y2d, y1d, (size_t)(L * E)) <= 1e-6);

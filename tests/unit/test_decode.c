@@ -251,7 +251,7 @@ TEST(modern_decoder_decode_equals_causal_stack_forward) {
             mha_tensor_init(&TG, MHA_F32, tg, 3, (int64_t[]){B, t + 1, E});
             mha_tensor_init(&FO, MHA_F32, full, 3, (int64_t[]){B, t + 1, E});
             mha_layer_masks mk = {0};
-            mk.causal = 1;
+            mk.causal = MHA_CAUSAL_TOP_LEFT;
             REQUIRE_OK(mha_decoder_forward(&FO, &TG, &M, &w, &mk, &o, NULL, 0));
             for (int b = 0; b < B; b++)
                 for (int e = 0; e < E; e++)

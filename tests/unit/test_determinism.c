@@ -153,7 +153,7 @@ static mha_status mh_once(int variant, mha_kernel kernel, float *out, float *wei
     opt.num_heads = MH;
     opt.kernel = kernel;
     if (variant == 0) {
-        opt.causal = 1;
+        opt.causal = MHA_CAUSAL_TOP_LEFT;
         return mha_multihead_forward(&O, &X, &X, &X, &w, &opt);
     }
     w.bias_k = &md.Bk, w.bias_v = &md.Bv;

@@ -188,7 +188,7 @@ TEST(model_step_bit_identical_any_threads) {
     mha_model_config c;
     mha_model_config_init(&c);
     c.vocab = 11, c.max_len = 12, c.dim = 32, c.heads = 4, c.ffn = 48, c.layers = 2;
-    c.causal = 1, c.dropout = 0.1f;
+    c.causal = MHA_CAUSAL_TOP_LEFT, c.dropout = 0.1f;
     float *g[3] = {NULL, NULL, NULL}, *p[3] = {NULL, NULL, NULL};
     int64_t n = 0;
     const int old = mha_get_num_threads(), threads[3] = {1, 2, 3};
@@ -232,7 +232,7 @@ MHA_API int64_t mha_test_live_allocs(void);
 static mha_status step_and_checkpoint(const char *wpath, const char *opath) {
     mha_model_config c;
     mha_model_config_init(&c);
-    c.vocab = 6, c.max_len = 4, c.dim = 8, c.heads = 2, c.ffn = 6, c.layers = 2, c.causal = 1;
+    c.vocab = 6, c.max_len = 4, c.dim = 8, c.heads = 2, c.ffn = 6, c.layers = 2, c.causal = MHA_CAUSAL_TOP_LEFT;
     mha_model *m = NULL, *r = NULL;
     mha_adamw o, o2;
     memset(&o, 0, sizeof o);

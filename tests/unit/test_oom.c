@@ -257,7 +257,7 @@ static void mh_setup(mh_ctx *c, int variant, mha_kernel kernel) {
             kp[i] = (i % 3) ? 0.0f : -1.5f;
         c->opt.attn_mask = &c->am;
         c->opt.key_padding_mask = &c->kpm;
-        c->opt.causal = 1;
+        c->opt.causal = MHA_CAUSAL_TOP_LEFT;
     }
     if (variant & 4) {
         mh_tensor(c, &c->bk, 3, (int64_t[]){1, 1, E});
@@ -561,7 +561,7 @@ static mha_status call_layer(void *ctx) {
         dw.self_attn = aw, dw.multihead_attn = aw;
         dw.linear1_weight = &c->W1, dw.linear1_bias = &c->B1, dw.linear2_weight = &c->W2;
         mha_layer_masks m = {0};
-        m.causal = 1;
+        m.causal = MHA_CAUSAL_TOP_LEFT;
         return mha_decoder_layer_forward(&c->Out, &c->Src, &c->Mem, &dw, &m, &opt, NULL, 0);
     }
     if (c->variant == 3) {

@@ -1,6 +1,8 @@
 /* test_api.c - the API rules of 0.2.0 (docs/api-migration.md): one causal
  * enum whose values mean the same everywhere, refused where a module does
- * not serve them, with nothing written. */
+ * not serve them, with nothing written; NULL options are the defaults
+ * everywhere (bit-identical to passing *_init()'s options), and where the
+ * defaults lack num_heads the call names it instead of a NULL pointer. */
 #include "fixture.h"
 
 /* A small self-attention problem: query (B,L,E), packed weights, H = 2. */

@@ -48,10 +48,22 @@ TEST(api_causal_multihead_refuses_unserved_alignments) {
     opt.num_heads = 2;
     opt.causal = MHA_CAUSAL_TOP_LEFT;
     REQUIRE_OK(mha_multihead_forward(&c.Y, &c.X, &c.X, &c.X, &c.w, &opt));
-    /* top-left equals SDPA's TOP_LEFT on the same projections: row 0 sees key 0 only */
-    const float *before = c.Y.data;
+    /* TOP_LEFT is tril(ones(L,S)): the same as a bool attn_mask with true
+     * (masked) where j > i */
+    uint8_t tri[ML * ML];
+    for (int i = 0; i < ML; i++)
+        for (int j = 0; j < ML; j++)
+            tri[i * ML + j] = j > i;
+    mha_tensor M, Z;
+    mha_tensor_init(&M, MHA_BOOL, tri, 2, (int64_t[]){ML, ML});
+    float *z = test_tensor(&Z, 3, (int64_t[]){MB, ML, ME}, 9);
+    mha_multihead_options masked = opt;
+    masked.causal = MHA_CAUSAL_NONE, masked.attn_mask = &M;
+    REQUIRE_OK(mha_multihead_forward(&Z, &c.X, &c.X, &c.X, &c.w, &masked));
+    CHECK(test_rel_err(c.Y.data, z, MB * ML * ME) < 1e-6);
+    free(z);
     float keep[MB * ML * ME];
-    memcpy(keep, before, sizeof keep);
+    memcpy(keep, c.Y.data, sizeof keep);
     const mha_causal bad[] = {MHA_CAUSAL_BOTTOM_RIGHT, MHA_CAUSAL_OFFSET, (mha_causal)7};
     for (int i = 0; i < 3; i++) {
         opt.causal = bad[i];

@@ -645,6 +645,19 @@ static void raster_legend(render_image *img, const layout *lo) {
     }
 }
 
+/* A white w x h image in img. */
+static render_status image_make(render_image *img, int w, int h, char *err, size_t errlen) {
+    img->rgb = malloc((size_t)w * h * 3);
+    if (!img->rgb) {
+        set_err(err, errlen, "render: out of memory for a %dx%d picture", w, h);
+        return RENDER_ERR_NOMEM;
+    }
+    img->width = w;
+    img->height = h;
+    memset(img->rgb, 0xff, (size_t)w * h * 3);
+    return RENDER_OK;
+}
+
 render_status render_raster(const render_maps *m, render_image *img, char *err, size_t errlen) {
     if (!img)
         return RENDER_ERR_ARG;
@@ -659,14 +672,8 @@ render_status render_raster(const render_maps *m, render_image *img, char *err, 
         set_err(err, errlen, "render: a %dx%d picture is too large; use fewer tokens", lo.width, lo.height);
         return RENDER_ERR_ARG;
     }
-    img->rgb = malloc((size_t)lo.width * lo.height * 3);
-    if (!img->rgb) {
-        set_err(err, errlen, "render: out of memory for a %dx%d picture", lo.width, lo.height);
-        return RENDER_ERR_NOMEM;
-    }
-    img->width = lo.width;
-    img->height = lo.height;
-    memset(img->rgb, 0xff, (size_t)lo.width * lo.height * 3);
+    if ((st = image_make(img, lo.width, lo.height, err, errlen)))
+        return st;
     if (m->title)
         draw_text_n(img, MARGIN, MARGIN + 2, m->title, TITLE_MAX, lo.fs, 0);
     for (int64_t p = 0; p < lo.P; p++)
@@ -910,17 +917,10 @@ render_status render_plot_raster(const render_plot *p, render_image *img, char *
     img->width = img->height = 0;
     img->rgb = NULL;
     render_status st = check_plot(p, err, errlen);
-    if (st)
+    if (st || (st = image_make(img, PLOT_W, PLOT_H, err, errlen)))
         return st;
     plot_frame fr;
     plot_frame_make(p, &fr);
-    img->rgb = malloc((size_t)PLOT_W * PLOT_H * 3);
-    if (!img->rgb) {
-        set_err(err, errlen, "render: out of memory for a %dx%d picture", PLOT_W, PLOT_H);
-        return RENDER_ERR_NOMEM;
-    }
-    img->width = PLOT_W, img->height = PLOT_H;
-    memset(img->rgb, 0xff, (size_t)PLOT_W * PLOT_H * 3);
     const int pw = PLOT_W - PLOT_L - PLOT_R, ph = PLOT_H - PLOT_T - PLOT_B, gh = 7;
     const int tw = 6; /* the 5x7 font's advance at size 1 */
     if (p->title)

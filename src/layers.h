@@ -154,6 +154,10 @@ typedef struct mha_layer_stack {
     const mha_tensor *norm_weight, *norm_bias; /* (E) or NULL each          */
 } mha_layer_stack;
 
+/* The stack view of an encoder's / a decoder's weights (w not NULL). */
+mha_layer_stack mha_layer_stack_encoder(const mha_encoder_weights *w);
+mha_layer_stack mha_layer_stack_decoder(const mha_decoder_weights *w);
+
 /* Checks one layer's weights against width E and lays them out as blocks. */
 mha_status mha_layer_parts_encoder(const mha_encoder_layer_weights *w, int64_t E,
                                    mha_layer_parts *p);
@@ -178,6 +182,12 @@ mha_status mha_layer_seq_dims(const mha_tensor *x, const mha_tensor *memory, int
 int mha_layer_residual_stream(const mha_layer_parts *p, int k);
 /* Dropout stream k of layer `layer`. */
 uint64_t mha_layer_stream(int64_t layer, int k);
+/* True when opt drops out (training with dropout_p > 0). */
+bool mha_layer_dropping(const mha_layer_options *opt);
+/* o (n) = base + drop(t): a sublayer's residual; t is dropped in place on
+ * stream `stream` when mha_layer_dropping(opt).  o may be base. */
+void mha_layer_residual(float *o, const float *base, float *t, int64_t n,
+                        const mha_layer_options *opt, uint64_t stream);
 /* The multi-head options of block b of layer `layer`: the layer's masks
  * (self or cross), its options and an attention-dropout seed per layer and
  * module. */

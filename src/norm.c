@@ -46,17 +46,23 @@ void mha_layernorm_f32(float *y, const float *x, int64_t N, int64_t E, const flo
     }
 }
 
+/* The float64 mean and (biased) variance of row xr (E), two passes. */
+static void row_stats_ref(const float *xr, int64_t E, double *mean, double *var) {
+    double m = 0.0, v = 0.0;
+    for (int64_t c = 0; c < E; c++)
+        m += xr[c];
+    m /= (double)E;
+    for (int64_t c = 0; c < E; c++)
+        v += (xr[c] - m) * (xr[c] - m);
+    *mean = m, *var = v / (double)E;
+}
+
 void mha_layernorm_ref(float *y, const float *x, int64_t N, int64_t E, const float *w,
                        const float *b, float eps) {
     for (int64_t r = 0; r < N; r++) {
         const float *xr = x + r * E;
-        double mean = 0.0, var = 0.0;
-        for (int64_t c = 0; c < E; c++)
-            mean += xr[c];
-        mean /= (double)E;
-        for (int64_t c = 0; c < E; c++)
-            var += (xr[c] - mean) * (xr[c] - mean);
-        var /= (double)E;
+        double mean, var;
+        row_stats_ref(xr, E, &mean, &var);
         for (int64_t c = 0; c < E; c++) {
             double v = (xr[c] - mean) / sqrt(var + eps);
             y[r * E + c] = (float)(v * (w ? w[c] : 1.0) + (b ? b[c] : 0.0));
@@ -161,13 +167,8 @@ void mha_layernorm_backward_ref(float *dx, float *dw, float *db, const float *do
      * dy/dx_j = w * (delta_ij - 1/E) * rstd - w * xhat_i * xhat_j * rstd / E */
     for (int64_t r = 0; r < N; r++) {
         const float *xr = x + r * E, *dr = dout + r * E;
-        double mean = 0.0, var = 0.0;
-        for (int64_t c = 0; c < E; c++)
-            mean += xr[c];
-        mean /= (double)E;
-        for (int64_t c = 0; c < E; c++)
-            var += (xr[c] - mean) * (xr[c] - mean);
-        var /= (double)E;
+        double mean, var;
+        row_stats_ref(xr, E, &mean, &var);
         const double rstd = 1.0 / sqrt(var + eps);
         for (int64_t j = 0; j < E; j++) {
             double xj = (xr[j] - mean) * rstd, acc = 0.0;

@@ -124,7 +124,7 @@ void mha_mlp_backward_ref(float *dx, const mha_mlp_raw_grads *g, const float *do
                           const float *x, int64_t N, const mha_mlp_raw *m, mha_activation act);
 
 /* ---- the Transformer layers' shared steps (transformer.c; the training half
- * in transformer_train.c uses them too) --------------------------------------
+ * in transformer_train.c and the decoder's decode step use them too) ---------
  * A layer is a list of blocks, each a sublayer with the norm that goes with
  * it (normK of PyTorch's layer is block K-1):
  *   encoder  self attention, MLP;   decoder  self attention, cross, MLP.
@@ -158,6 +158,9 @@ typedef struct mha_layer_stack {
 mha_layer_stack mha_layer_stack_encoder(const mha_encoder_weights *w);
 mha_layer_stack mha_layer_stack_decoder(const mha_decoder_weights *w);
 
+/* A layer's blocks, unchecked (p->mlp is not set). */
+void mha_layer_blocks_encoder(const mha_encoder_layer_weights *w, mha_layer_parts *p);
+void mha_layer_blocks_decoder(const mha_decoder_layer_weights *w, mha_layer_parts *p);
 /* Checks one layer's weights against width E and lays them out as blocks. */
 mha_status mha_layer_parts_encoder(const mha_encoder_layer_weights *w, int64_t E,
                                    mha_layer_parts *p);

@@ -88,19 +88,33 @@ mha_status mha_layer_seq_dims(const mha_tensor *x, const mha_tensor *memory, int
     return MHA_OK;
 }
 
-/* Fills p from a layer's attention modules (ca NULL for the encoder), its MLP
- * and its norms (norm1.weight, norm1.bias, ... in block order), checked
- * against width E in that order. */
-static mha_status parts_fill(mha_layer_parts *p, int64_t E, const mha_multihead_weights *sa,
-                             const mha_multihead_weights *ca, const mha_mlp_weights *mlp,
-                             const mha_tensor *const *norms) {
-    char name[32];
-    MHA_TRY(mha_mlp_resolve(mlp, E, &p->mlp));
+/* Lays out p's blocks from a layer's attention modules (ca NULL for the
+ * encoder) and its norms (norm1.weight, norm1.bias, ... in block order). */
+static void blocks_fill(mha_layer_parts *p, const mha_multihead_weights *sa,
+                        const mha_multihead_weights *ca, const mha_tensor *const *norms) {
     p->n = ca ? 3 : 2;
     p->block[0] = (mha_layer_block){sa, false, norms[0], norms[1]};
     if (ca)
         p->block[1] = (mha_layer_block){ca, true, norms[2], norms[3]};
     p->block[p->n - 1] = (mha_layer_block){NULL, false, norms[2 * p->n - 2], norms[2 * p->n - 1]};
+}
+
+void mha_layer_blocks_encoder(const mha_encoder_layer_weights *w, mha_layer_parts *p) {
+    const mha_tensor *norms[] = {w->norm1_weight, w->norm1_bias, w->norm2_weight, w->norm2_bias};
+    blocks_fill(p, &w->self_attn, NULL, norms);
+}
+
+void mha_layer_blocks_decoder(const mha_decoder_layer_weights *w, mha_layer_parts *p) {
+    const mha_tensor *norms[] = {w->norm1_weight, w->norm1_bias, w->norm2_weight,
+                                 w->norm2_bias,   w->norm3_weight, w->norm3_bias};
+    blocks_fill(p, &w->self_attn, &w->multihead_attn, norms);
+}
+
+/* Checks the MLP m (filling p->mlp), then the norms of p's blocks, against
+ * width E. */
+static mha_status parts_check(mha_layer_parts *p, int64_t E, const mha_mlp_weights *m) {
+    char name[32];
+    MHA_TRY(mha_mlp_resolve(m, E, &p->mlp));
     for (int k = 0; k < p->n; k++) {
         snprintf(name, sizeof name, "norm%d.weight", k + 1);
         MHA_TRY(mha_vector_check(p->block[k].norm_weight, name, E));
@@ -115,8 +129,8 @@ mha_status mha_layer_parts_encoder(const mha_encoder_layer_weights *w, int64_t E
     MHA_CHECK(w != NULL, MHA_ERR_NULL, "encoder: NULL layer weights");
     mha_mlp_weights m = {w->linear1_weight, w->linear1_bias, w->linear2_weight, w->linear2_bias,
                          NULL, NULL};
-    const mha_tensor *norms[] = {w->norm1_weight, w->norm1_bias, w->norm2_weight, w->norm2_bias};
-    return parts_fill(p, E, &w->self_attn, NULL, &m, norms);
+    mha_layer_blocks_encoder(w, p);
+    return parts_check(p, E, &m);
 }
 
 mha_status mha_layer_parts_decoder(const mha_decoder_layer_weights *w, int64_t E,
@@ -124,9 +138,8 @@ mha_status mha_layer_parts_decoder(const mha_decoder_layer_weights *w, int64_t E
     MHA_CHECK(w != NULL, MHA_ERR_NULL, "decoder: NULL layer weights");
     mha_mlp_weights m = {w->linear1_weight, w->linear1_bias, w->linear2_weight, w->linear2_bias,
                          NULL, NULL};
-    const mha_tensor *norms[] = {w->norm1_weight, w->norm1_bias, w->norm2_weight,
-                                 w->norm2_bias,   w->norm3_weight, w->norm3_bias};
-    return parts_fill(p, E, &w->self_attn, &w->multihead_attn, &m, norms);
+    mha_layer_blocks_decoder(w, p);
+    return parts_check(p, E, &m);
 }
 
 mha_layer_stack mha_layer_stack_encoder(const mha_encoder_weights *w) {

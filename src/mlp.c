@@ -84,13 +84,19 @@ void mha_mlp_ref(float *y, const float *x, int64_t N, const mha_mlp_raw *m, mha_
     }
 }
 
-mha_status mha_mlp_workspace_size(int64_t N, int64_t F, int gated, size_t *bytes) {
+/* bytes = the floats(N, F, gated) of a forward or backward workspace, checked. */
+static mha_status workspace_bytes(int64_t N, int64_t F, int gated,
+                                  int64_t (*floats)(int64_t, int64_t, bool), size_t *bytes) {
     MHA_CHECK(bytes != NULL, MHA_ERR_NULL, "mlp: NULL bytes");
     MHA_CHECK(N >= 0 && F >= 0, MHA_ERR_SHAPE, "mlp: negative size");
-    int64_t n = mha_mlp_hidden_floats(N, F, gated != 0);
+    int64_t n = floats(N, F, gated != 0);
     MHA_CHECK(n >= 0 && !mha_size_mul_overflows((size_t)n, sizeof(float), bytes),
               MHA_ERR_OVERFLOW, "mlp: workspace size overflows");
     return MHA_OK;
+}
+
+mha_status mha_mlp_workspace_size(int64_t N, int64_t F, int gated, size_t *bytes) {
+    return workspace_bytes(N, F, gated, mha_mlp_hidden_floats, bytes);
 }
 
 /* The checks the forward and the backward begin with: the runtime, act,
@@ -289,12 +295,7 @@ void mha_mlp_backward_ref(float *dx, const mha_mlp_raw_grads *g, const float *do
 
 
 mha_status mha_mlp_backward_workspace_size(int64_t N, int64_t F, int gated, size_t *bytes) {
-    MHA_CHECK(bytes != NULL, MHA_ERR_NULL, "mlp: NULL bytes");
-    MHA_CHECK(N >= 0 && F >= 0, MHA_ERR_SHAPE, "mlp: negative size");
-    int64_t n = mha_mlp_backward_floats(N, F, gated != 0);
-    MHA_CHECK(n >= 0 && !mha_size_mul_overflows((size_t)n, sizeof(float), bytes),
-              MHA_ERR_OVERFLOW, "mlp: workspace size overflows");
-    return MHA_OK;
+    return workspace_bytes(N, F, gated, mha_mlp_backward_floats, bytes);
 }
 
 /* A gradient of the same shape as its weight (or NULL / weight NULL). */

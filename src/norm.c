@@ -240,18 +240,28 @@ static mha_status grad_rows(const mha_tensor *g, const mha_tensor *x, const char
     return mha_rows_check_out(g, x, name, N, E, false);
 }
 
+/* The checks of both norms' backward, in order: x (N,E) rows, dout, dx,
+ * weight, dweight, dbias (NULL for RMSNorm), eps (named by norm), aliasing. */
+static mha_status backward_check(const mha_tensor *dx, const mha_tensor *dweight,
+                                 const mha_tensor *dbias, const mha_tensor *dout,
+                                 const mha_tensor *x, const mha_tensor *weight, float eps,
+                                 const char *norm, int64_t *N, int64_t *E) {
+    MHA_TRY(mha_rows_check(x, "x", -1, N, E));
+    MHA_TRY(mha_rows_check_out(dout, x, "dout", *N, *E, true));
+    MHA_TRY(grad_rows(dx, x, "dx", *N, *E));
+    MHA_TRY(mha_vector_check(weight, "weight", *E));
+    MHA_TRY(mha_vector_check(dweight, "dweight", *E));
+    MHA_TRY(mha_vector_check(dbias, "dbias", *E));
+    MHA_TRY(check_eps(eps, norm));
+    MHA_CHECK(!dx || !mha_tensors_overlap(dx, dout), MHA_ERR_ALIAS, "dx: overlaps dout");
+    return MHA_OK;
+}
+
 mha_status mha_layernorm_backward(mha_tensor *dx, mha_tensor *dweight, mha_tensor *dbias,
                                   const mha_tensor *dout, const mha_tensor *x,
                                   const mha_tensor *weight, float eps) {
     int64_t N, E;
-    MHA_TRY(mha_rows_check(x, "x", -1, &N, &E));
-    MHA_TRY(mha_rows_check_out(dout, x, "dout", N, E, true));
-    MHA_TRY(grad_rows(dx, x, "dx", N, E));
-    MHA_TRY(mha_vector_check(weight, "weight", E));
-    MHA_TRY(mha_vector_check(dweight, "dweight", E));
-    MHA_TRY(mha_vector_check(dbias, "dbias", E));
-    MHA_TRY(check_eps(eps, "layernorm"));
-    MHA_CHECK(!dx || !mha_tensors_overlap(dx, dout), MHA_ERR_ALIAS, "dx: overlaps dout");
+    MHA_TRY(backward_check(dx, dweight, dbias, dout, x, weight, eps, "layernorm", &N, &E));
     mha_layernorm_backward_f32(dx ? dx->data : NULL, dweight ? dweight->data : NULL,
                                dbias ? dbias->data : NULL, dout->data, x->data,
                                mha_fdata(weight), N, E, eps);
@@ -261,13 +271,7 @@ mha_status mha_layernorm_backward(mha_tensor *dx, mha_tensor *dweight, mha_tenso
 mha_status mha_rmsnorm_backward(mha_tensor *dx, mha_tensor *dweight, const mha_tensor *dout,
                                 const mha_tensor *x, const mha_tensor *weight, float eps) {
     int64_t N, E;
-    MHA_TRY(mha_rows_check(x, "x", -1, &N, &E));
-    MHA_TRY(mha_rows_check_out(dout, x, "dout", N, E, true));
-    MHA_TRY(grad_rows(dx, x, "dx", N, E));
-    MHA_TRY(mha_vector_check(weight, "weight", E));
-    MHA_TRY(mha_vector_check(dweight, "dweight", E));
-    MHA_TRY(check_eps(eps, "rmsnorm"));
-    MHA_CHECK(!dx || !mha_tensors_overlap(dx, dout), MHA_ERR_ALIAS, "dx: overlaps dout");
+    MHA_TRY(backward_check(dx, dweight, NULL, dout, x, weight, eps, "rmsnorm", &N, &E));
     mha_rmsnorm_backward_f32(dx ? dx->data : NULL, dweight ? dweight->data : NULL, dout->data,
                              x->data, mha_fdata(weight), N, E, eps);
     return MHA_OK;

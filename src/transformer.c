@@ -110,11 +110,14 @@ void mha_layer_blocks_decoder(const mha_decoder_layer_weights *w, mha_layer_part
     blocks_fill(p, &w->self_attn, &w->multihead_attn, norms);
 }
 
-/* Checks the MLP m (filling p->mlp), then the norms of p's blocks, against
- * width E. */
-static mha_status parts_check(mha_layer_parts *p, int64_t E, const mha_mlp_weights *m) {
+/* Checks the MLP linear1, linear2 (filling p->mlp), then the norms of p's
+ * blocks, against width E. */
+static mha_status parts_check(mha_layer_parts *p, int64_t E, const mha_tensor *l1w,
+                              const mha_tensor *l1b, const mha_tensor *l2w,
+                              const mha_tensor *l2b) {
     char name[32];
-    MHA_TRY(mha_mlp_resolve(m, E, &p->mlp));
+    const mha_mlp_weights m = {l1w, l1b, l2w, l2b, NULL, NULL};
+    MHA_TRY(mha_mlp_resolve(&m, E, &p->mlp));
     for (int k = 0; k < p->n; k++) {
         snprintf(name, sizeof name, "norm%d.weight", k + 1);
         MHA_TRY(mha_vector_check(p->block[k].norm_weight, name, E));
@@ -127,19 +130,17 @@ static mha_status parts_check(mha_layer_parts *p, int64_t E, const mha_mlp_weigh
 mha_status mha_layer_parts_encoder(const mha_encoder_layer_weights *w, int64_t E,
                                    mha_layer_parts *p) {
     MHA_CHECK(w != NULL, MHA_ERR_NULL, "encoder: NULL layer weights");
-    mha_mlp_weights m = {w->linear1_weight, w->linear1_bias, w->linear2_weight, w->linear2_bias,
-                         NULL, NULL};
     mha_layer_blocks_encoder(w, p);
-    return parts_check(p, E, &m);
+    return parts_check(p, E, w->linear1_weight, w->linear1_bias, w->linear2_weight,
+                       w->linear2_bias);
 }
 
 mha_status mha_layer_parts_decoder(const mha_decoder_layer_weights *w, int64_t E,
                                    mha_layer_parts *p) {
     MHA_CHECK(w != NULL, MHA_ERR_NULL, "decoder: NULL layer weights");
-    mha_mlp_weights m = {w->linear1_weight, w->linear1_bias, w->linear2_weight, w->linear2_bias,
-                         NULL, NULL};
     mha_layer_blocks_decoder(w, p);
-    return parts_check(p, E, &m);
+    return parts_check(p, E, w->linear1_weight, w->linear1_bias, w->linear2_weight,
+                       w->linear2_bias);
 }
 
 mha_layer_stack mha_layer_stack_encoder(const mha_encoder_weights *w) {

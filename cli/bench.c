@@ -504,6 +504,43 @@ static mha_status run_mha(void *p) {
     return mha_multihead_forward(&m->out, m->query, &m->x, &m->x, &m->w, &m->opt);
 }
 
+static void mha_case_free(mha_ctx *m) {
+    mha_tensor_free(&m->x), mha_tensor_free(&m->w_in), mha_tensor_free(&m->b_in);
+    mha_tensor_free(&m->w_out), mha_tensor_free(&m->b_out);
+}
+
+/* Case c's self-attention in m: x (B,L,E) and the packed in_proj and
+ * out_proj with biases (E = H*d), filled; the options (H heads, c's
+ * causality).  m->out and m->mask are the caller's.  On failure nothing of
+ * these stays allocated. */
+static mha_status mha_case_make(mha_ctx *m, const bench_case *c) {
+    const int64_t E = c->H * c->d;
+    int64_t xs[3] = {c->B, c->L, E}, wi[2] = {3 * E, E}, bi[1] = {3 * E}, wo[2] = {E, E},
+            bo[1] = {E};
+    mha_status st;
+    if ((st = mha_tensor_alloc(&m->x, MHA_F32, 3, xs)) != MHA_OK ||
+        (st = mha_tensor_alloc(&m->w_in, MHA_F32, 2, wi)) != MHA_OK ||
+        (st = mha_tensor_alloc(&m->b_in, MHA_F32, 1, bi)) != MHA_OK ||
+        (st = mha_tensor_alloc(&m->w_out, MHA_F32, 2, wo)) != MHA_OK ||
+        (st = mha_tensor_alloc(&m->b_out, MHA_F32, 1, bo)) != MHA_OK) {
+        mha_case_free(m);
+        return st;
+    }
+    const float wamp = 1.0f / sqrtf((float)E);
+    fill(m->x.data, (size_t)(c->B * c->L * E), 4, 1.0f);
+    fill(m->w_in.data, (size_t)(3 * E * E), 5, wamp);
+    fill(m->b_in.data, (size_t)(3 * E), 6, 0.1f);
+    fill(m->w_out.data, (size_t)(E * E), 7, wamp);
+    fill(m->b_out.data, (size_t)E, 8, 0.1f);
+    m->w.in_proj_weight = &m->w_in, m->w.in_proj_bias = &m->b_in;
+    m->w.out_proj_weight = &m->w_out, m->w.out_proj_bias = &m->b_out;
+    mha_multihead_options_init(&m->opt);
+    m->opt.num_heads = c->H;
+    m->opt.causal = c->causal;
+    m->query = &m->x;
+    return MHA_OK;
+}
+
 /* The forward op's context: m, and the reference rout of its rows [i0, L). */
 typedef struct mha_window {
     const bench_case *c;
@@ -529,33 +566,15 @@ static double mha_window_err(void *p, bool *checked) {
 static int bench_mha(const bench_cfg *cfg, const bench_case *c) {
     const char *cmd = "bench";
     const int64_t E = c->H * c->d, L = c->L;
-    int64_t xs[3] = {c->B, L, E}, wi[2] = {3 * E, E}, bi[1] = {3 * E}, wo[2] = {E, E},
-            bo[1] = {E};
+    int64_t xs[3] = {c->B, L, E};
     mha_ctx m;
     memset(&m, 0, sizeof m);
     mha_status st;
-    if ((st = mha_tensor_alloc(&m.x, MHA_F32, 3, xs)) != MHA_OK ||
-        (st = mha_tensor_alloc(&m.out, MHA_F32, 3, xs)) != MHA_OK ||
-        (st = mha_tensor_alloc(&m.w_in, MHA_F32, 2, wi)) != MHA_OK ||
-        (st = mha_tensor_alloc(&m.b_in, MHA_F32, 1, bi)) != MHA_OK ||
-        (st = mha_tensor_alloc(&m.w_out, MHA_F32, 2, wo)) != MHA_OK ||
-        (st = mha_tensor_alloc(&m.b_out, MHA_F32, 1, bo)) != MHA_OK) {
-        mha_tensor_free(&m.x), mha_tensor_free(&m.out), mha_tensor_free(&m.w_in);
-        mha_tensor_free(&m.b_in), mha_tensor_free(&m.w_out);
+    if ((st = mha_tensor_alloc(&m.out, MHA_F32, 3, xs)) != MHA_OK ||
+        (st = mha_case_make(&m, c)) != MHA_OK) {
+        mha_tensor_free(&m.out);
         return cli_fail(cmd, st, "allocating the case");
     }
-    const float wamp = 1.0f / sqrtf((float)E);
-    fill(m.x.data, (size_t)(c->B * L * E), 4, 1.0f);
-    fill(m.w_in.data, (size_t)(3 * E * E), 5, wamp);
-    fill(m.b_in.data, (size_t)(3 * E), 6, 0.1f);
-    fill(m.w_out.data, (size_t)(E * E), 7, wamp);
-    fill(m.b_out.data, (size_t)E, 8, 0.1f);
-    m.w.in_proj_weight = &m.w_in, m.w.in_proj_bias = &m.b_in;
-    m.w.out_proj_weight = &m.w_out, m.w.out_proj_bias = &m.b_out;
-    mha_multihead_options_init(&m.opt);
-    m.opt.num_heads = c->H;
-    m.opt.causal = c->causal;
-    m.query = &m.x;
 
     const double attn = 4.0 * c->B * c->H * (double)L * L * c->d / (c->causal ? 2.0 : 1.0);
     const double flops = attn + 2.0 * c->B * L * 3 * E * E + 2.0 * c->B * L * E * E;
@@ -602,9 +621,8 @@ static int bench_mha(const bench_cfg *cfg, const bench_case *c) {
 done2:
     mha_tensor_free(&rout);
 done:
-    mha_tensor_free(&m.mask);
-    mha_tensor_free(&m.x), mha_tensor_free(&m.out), mha_tensor_free(&m.w_in);
-    mha_tensor_free(&m.b_in), mha_tensor_free(&m.w_out), mha_tensor_free(&m.b_out);
+    mha_tensor_free(&m.mask), mha_tensor_free(&m.out);
+    mha_case_free(&m);
     return rc;
 }
 
@@ -704,26 +722,10 @@ static int bench_mha_bwd(const bench_cfg *cfg, const bench_case *c) {
         if (st == MHA_OK && !(t[u].saved = malloc(t[u].saved_bytes)))
             st = MHA_ERR_NOMEM;
     }
-    if (st != MHA_OK || (st = mha_tensor_alloc(&m->x, MHA_F32, 3, xs)) != MHA_OK ||
-        (st = mha_tensor_alloc(&m->w_in, MHA_F32, 2, wi)) != MHA_OK ||
-        (st = mha_tensor_alloc(&m->b_in, MHA_F32, 1, bi)) != MHA_OK ||
-        (st = mha_tensor_alloc(&m->w_out, MHA_F32, 2, wo)) != MHA_OK ||
-        (st = mha_tensor_alloc(&m->b_out, MHA_F32, 1, bo)) != MHA_OK) {
+    if (st != MHA_OK || (st = mha_case_make(m, c)) != MHA_OK) {
         rc = cli_fail(cmd, st, "allocating the case");
         goto done;
     }
-    const float wamp = 1.0f / sqrtf((float)E);
-    fill(m->x.data, (size_t)(c->B * L * E), 4, 1.0f);
-    fill(m->w_in.data, (size_t)(3 * E * E), 5, wamp);
-    fill(m->b_in.data, (size_t)(3 * E), 6, 0.1f);
-    fill(m->w_out.data, (size_t)(E * E), 7, wamp);
-    fill(m->b_out.data, (size_t)E, 8, 0.1f);
-    m->w.in_proj_weight = &m->w_in, m->w.in_proj_bias = &m->b_in;
-    m->w.out_proj_weight = &m->w_out, m->w.out_proj_bias = &m->b_out;
-    mha_multihead_options_init(&m->opt);
-    m->opt.num_heads = c->H;
-    m->opt.causal = c->causal;
-    m->query = &m->x;
     for (int u = 0; u < 2; u++) {
         t[u].g.in_proj_weight = &t[u].dw_in, t[u].g.in_proj_bias = &t[u].db_in;
         t[u].g.out_proj_weight = &t[u].dw_out, t[u].g.out_proj_bias = &t[u].db_out;
@@ -753,8 +755,7 @@ done:
             mha_tensor_free(all[i]);
         free(t[u].saved);
     }
-    mha_tensor_free(&m->x), mha_tensor_free(&m->w_in), mha_tensor_free(&m->b_in);
-    mha_tensor_free(&m->w_out), mha_tensor_free(&m->b_out);
+    mha_case_free(m);
     return rc;
 }
 

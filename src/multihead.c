@@ -403,7 +403,10 @@ mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
     MHA_TRY(mha_workspace_get(workspace, (size_t)workspace_floats * sizeof(float), total,
                               "multihead", &ws, &owned));
     float *qkv = ws, *attn = ws + n_qkv, *per_head = n_w ? attn + n_attn : NULL;
-    const size_t scratch_at = (used + 15) / 16 * 16;
+    /* the kernel's scratch starts on a 64-byte line (its tiles need it),
+     * whatever the caller's workspace alignment: float-aligned suffices */
+    const uintptr_t line = ((uintptr_t)(ws + used) + 63) / 64 * 64;
+    const size_t scratch_at = (size_t)((float *)line - ws);
     if (ws_floats > scratch_at) {
         p.scratch = ws + scratch_at;
         p.scratch_bytes = (ws_floats - scratch_at) * sizeof(float);

@@ -84,24 +84,37 @@ void mha_mlp_ref(float *y, const float *x, int64_t N, const mha_mlp_raw *m, mha_
     }
 }
 
-mha_status mha_mlp_workspace_size(int64_t N, int64_t F, int gated, size_t *bytes) {
+/* bytes = the floats(N, F, gated) of a forward or backward workspace, checked. */
+static mha_status workspace_bytes(int64_t N, int64_t F, int gated,
+                                  int64_t (*floats)(int64_t, int64_t, bool), size_t *bytes) {
     MHA_CHECK(bytes != NULL, MHA_ERR_NULL, "mlp: NULL bytes");
     MHA_CHECK(N >= 0 && F >= 0, MHA_ERR_SHAPE, "mlp: negative size");
-    int64_t n = mha_mlp_hidden_floats(N, F, gated != 0);
+    int64_t n = floats(N, F, gated != 0);
     MHA_CHECK(n >= 0 && !mha_size_mul_overflows((size_t)n, sizeof(float), bytes),
               MHA_ERR_OVERFLOW, "mlp: workspace size overflows");
     return MHA_OK;
+}
+
+mha_status mha_mlp_workspace_size(int64_t N, int64_t F, int gated, size_t *bytes) {
+    return workspace_bytes(N, F, gated, mha_mlp_hidden_floats, bytes);
+}
+
+/* The checks the forward and the backward begin with: the runtime, act,
+ * x (N,E) rows and the weights against E (filling m). */
+static mha_status mlp_check(const mha_tensor *x, const mha_mlp_weights *w, mha_activation act,
+                            int64_t *N, int64_t *E, mha_mlp_raw *m) {
+    MHA_TRY(mha_runtime_check());
+    MHA_CHECK(act >= MHA_ACT_RELU && act <= MHA_ACT_SILU, MHA_ERR_VALUE,
+              "activation: unknown value %d", (int)act);
+    MHA_TRY(mha_rows_check(x, "x", -1, N, E));
+    return mha_mlp_resolve(w, *E, m);
 }
 
 mha_status mha_mlp_forward(mha_tensor *out, const mha_tensor *x, const mha_mlp_weights *w,
                            mha_activation act, void *workspace, size_t workspace_bytes) {
     int64_t N, E;
     mha_mlp_raw m;
-    MHA_TRY(mha_runtime_check());
-    MHA_CHECK(act >= MHA_ACT_RELU && act <= MHA_ACT_SILU, MHA_ERR_VALUE,
-              "activation: unknown value %d", (int)act);
-    MHA_TRY(mha_rows_check(x, "x", -1, &N, &E));
-    MHA_TRY(mha_mlp_resolve(w, E, &m));
+    MHA_TRY(mlp_check(x, w, act, &N, &E, &m));
     MHA_TRY(mha_rows_check_out(out, x, "out", N, E, false));
     const mha_tensor *ws[] = {w->linear1_weight, w->linear1_bias, w->linear2_weight,
                               w->linear2_bias, w->linear3_weight, w->linear3_bias};
@@ -282,12 +295,7 @@ void mha_mlp_backward_ref(float *dx, const mha_mlp_raw_grads *g, const float *do
 
 
 mha_status mha_mlp_backward_workspace_size(int64_t N, int64_t F, int gated, size_t *bytes) {
-    MHA_CHECK(bytes != NULL, MHA_ERR_NULL, "mlp: NULL bytes");
-    MHA_CHECK(N >= 0 && F >= 0, MHA_ERR_SHAPE, "mlp: negative size");
-    int64_t n = mha_mlp_backward_floats(N, F, gated != 0);
-    MHA_CHECK(n >= 0 && !mha_size_mul_overflows((size_t)n, sizeof(float), bytes),
-              MHA_ERR_OVERFLOW, "mlp: workspace size overflows");
-    return MHA_OK;
+    return workspace_bytes(N, F, gated, mha_mlp_backward_floats, bytes);
 }
 
 /* A gradient of the same shape as its weight (or NULL / weight NULL). */
@@ -317,11 +325,7 @@ mha_status mha_mlp_backward(mha_tensor *dx, const mha_mlp_grads *grads, const mh
                             void *workspace, size_t workspace_bytes) {
     int64_t N, E;
     mha_mlp_raw m;
-    MHA_TRY(mha_runtime_check());
-    MHA_CHECK(act >= MHA_ACT_RELU && act <= MHA_ACT_SILU, MHA_ERR_VALUE,
-              "activation: unknown value %d", (int)act);
-    MHA_TRY(mha_rows_check(x, "x", -1, &N, &E));
-    MHA_TRY(mha_mlp_resolve(w, E, &m));
+    MHA_TRY(mlp_check(x, w, act, &N, &E, &m));
     MHA_TRY(mha_rows_check_out(dout, x, "dout", N, E, true));
     if (dx) {
         MHA_TRY(mha_rows_check_out(dx, x, "dx", N, E, false));

@@ -1,11 +1,11 @@
-/* mlp.c - nn.Linear and the position-wise MLP of the Transformer block
+/* mlp.c - the position-wise MLP of the Transformer block
  * (linear1 -> activation -> dropout -> linear2), plus the gated form
  * (SwiGLU: linear2(silu(linear1 x) * linear3 x)).
  *
  * Letter legend: N rows, E model width, F hidden width.
  * The GEMMs go through linear.c's dispatcher (mha_linear_f32,
  * mha_gemm_f32_ab); the reference (mha_mlp_ref) is triple loops in float64.
- * The public nn.Linear functions are in linear.c.
+ * The nn.Linear functions, forward and backward, are in linear.c.
  */
 #include "layers.h"
 
@@ -130,53 +130,7 @@ mha_status mha_mlp_forward(mha_tensor *out, const mha_tensor *x, const mha_mlp_w
     return MHA_OK;
 }
 
-/* ---- backward ----------------------------------------------------------------
- * Linear y (N,F) = x (N,K) w^T + b:
- *   dx (N,K) += dout (N,F) w (F,K)     one GEMM over F
- *   dw (F,K) += dout^T (F,N) x (N,K)   one GEMM over the rows
- *   db (F)   += sum over rows of dout
- * Both products go through the GEMM dispatcher (linear.c), like every
- * other GEMM: MHA_GEMM and the avx2 path apply; each path sums every
- * element in one fixed order whatever the thread count. */
-
-void mha_linear_backward_f32(float *dx, float *dw, float *db, const float *dout, const float *x,
-                             const float *w, int64_t N, int64_t F, int64_t K) {
-    if (db)
-        for (int64_t r = 0; r < N; r++)
-            for (int64_t f = 0; f < F; f++)
-                db[f] += dout[r * F + f];
-    if (N == 0 || F == 0 || K == 0)
-        return;
-    if (dx) /* dx (N,K) += dout (N,F) w (F,K) */
-        mha_gemm_f32_ab(0, dx, K, dout, F, w, K, N, K, F);
-    if (dw) /* dw (F,K) += dout^T (F,N) x (N,K) */
-        mha_gemm_f32_ab(1, dw, K, dout, F, x, K, F, K, N);
-}
-
-void mha_linear_backward_ref(float *dx, float *dw, float *db, const float *dout, const float *x,
-                             const float *w, int64_t N, int64_t F, int64_t K) {
-    for (int64_t r = 0; r < N && dx; r++)
-        for (int64_t k = 0; k < K; k++) {
-            double acc = 0.0;
-            for (int64_t f = 0; f < F; f++)
-                acc += (double)dout[r * F + f] * w[f * K + k];
-            dx[r * K + k] += (float)acc;
-        }
-    for (int64_t f = 0; f < F; f++) {
-        for (int64_t k = 0; k < K && dw; k++) {
-            double acc = 0.0;
-            for (int64_t r = 0; r < N; r++)
-                acc += (double)dout[r * F + f] * x[r * K + k];
-            dw[f * K + k] += (float)acc;
-        }
-        if (db) {
-            double acc = 0.0;
-            for (int64_t r = 0; r < N; r++)
-                acc += dout[r * F + f];
-            db[f] += (float)acc;
-        }
-    }
-}
+/* ---- backward ---------------------------------------------------------------- */
 
 /* MLP backward.  Workspace (N,F) blocks:
  *   a1 = x w1^T + b1 (pre-activation)   up = x w3^T + b3 (gated)

@@ -125,30 +125,6 @@ static double peak_for(int threads) {
     return cache[t];
 }
 
-static void emit(const bench_cfg *cfg, const char *op, const char *kernel, const bench_case *c,
-                 double ms, double flops, double bytes, double err) {
-    double gf = flops / (ms * 1e6), peak = peak_for(cfg->threads);
-    int threads = cfg->threads > 0 ? cfg->threads : mha_get_num_threads();
-    if (cfg->json) {
-        printf("{\"op\":\"%s\",\"kernel\":\"%s\",\"B\":%lld,\"H\":%lld,\"Hkv\":%lld,\"L\":%lld,"
-               "\"S\":%lld,\"d\":%lld,\"causal\":%s,\"threads\":%d,\"ms\":%.4f,\"gflops\":%.2f,"
-               "\"peak_gflops\":%.1f,\"max_err\":%.3g",
-               op, kernel, (long long)c->B, (long long)c->H, (long long)c->Hkv, (long long)c->L,
-               (long long)c->S, (long long)c->d, c->causal ? "true" : "false", threads, ms, gf,
-               peak, err);
-        if (bytes > 0)
-            printf(",\"gbps\":%.2f", bytes / (ms * 1e6));
-        printf("}\n");
-    } else {
-        printf("%-9s %-6s B=%-2lld H=%-2lld Hkv=%-2lld L=%-5lld S=%-5lld d=%-3lld %-6s t=%d "
-               "%10.3f ms %8.1f GFLOP/s %5.1f%% of %.0f  err %.2g\n",
-               op, kernel, (long long)c->B, (long long)c->H, (long long)c->Hkv, (long long)c->L,
-               (long long)c->S, (long long)c->d, c->causal ? "causal" : "full", threads, ms, gf,
-               100.0 * gf / peak, peak, err);
-    }
-    fflush(stdout);
-}
-
 /* Runs fn reps times after the caller's warm-up; returns the median in ms. */
 typedef mha_status (*run_fn)(void *ctx);
 static double time_median(run_fn fn, void *ctx, int reps, double first_ms) {
@@ -166,6 +142,102 @@ static double time_median(run_fn fn, void *ctx, int reps, double first_ms) {
     double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
     free(t);
     return med;
+}
+
+/* One JSON (or text) line per case and kernel.  fwd_ms NaN: a forward op
+ * (ms its time); else a backward op (ms the backward's, fwd_ms the
+ * forward's of the same case and kernel, and their ratio).  flops: of the
+ * op timed in ms.  bytes > 0 adds GB/s.  err NaN: not validated (null). */
+static void emit(const bench_cfg *cfg, const char *op, const char *kernel, const bench_case *c,
+                 double ms, double fwd_ms, double flops, double bytes, double err) {
+    const bool bwd = !isnan(fwd_ms);
+    const double gf = flops / (ms * 1e6), peak = peak_for(cfg->threads);
+    int threads = cfg->threads > 0 ? cfg->threads : mha_get_num_threads();
+    if (cfg->json) {
+        printf("{\"op\":\"%s\",\"kernel\":\"%s\",\"B\":%lld,\"H\":%lld,\"Hkv\":%lld,\"L\":%lld,"
+               "\"S\":%lld,\"d\":%lld,\"causal\":%s,\"threads\":%d,\"ms\":%.4f",
+               op, kernel, (long long)c->B, (long long)c->H, (long long)c->Hkv, (long long)c->L,
+               (long long)c->S, (long long)c->d, c->causal ? "true" : "false", threads, ms);
+        if (bwd)
+            printf(",\"fwd_ms\":%.4f,\"ratio\":%.3f", fwd_ms, ms / fwd_ms);
+        printf(",\"gflops\":%.2f,\"peak_gflops\":%.1f,\"max_err\":", gf, peak);
+        if (isnan(err))
+            printf("null");
+        else
+            printf("%.3g", err);
+        if (bytes > 0)
+            printf(",\"gbps\":%.2f", bytes / (ms * 1e6));
+        printf("}\n");
+    } else {
+        printf(bwd ? "%-13s" : "%-9s", op);
+        printf(" %-6s B=%-2lld H=%-2lld Hkv=%-2lld L=%-5lld S=%-5lld d=%-3lld %-6s t=%d ", kernel,
+               (long long)c->B, (long long)c->H, (long long)c->Hkv, (long long)c->L,
+               (long long)c->S, (long long)c->d, c->causal ? "causal" : "full", threads);
+        if (bwd)
+            printf("bwd %9.3f ms fwd %9.3f ms ratio %5.2f", ms, fwd_ms, ms / fwd_ms);
+        else
+            printf("%10.3f ms", ms);
+        printf(" %8.1f GFLOP/s %5.1f%% of %.0f  err %.2g\n", gf, 100.0 * gf / peak, peak, err);
+    }
+    fflush(stdout);
+}
+
+/* One op of a case for bench_kernels: how to run, validate, time and emit
+ * it with each selected kernel.  Every callback gets ctx. */
+typedef struct bench_op {
+    const char *op;         /* the JSON "op"                                   */
+    const char *who, *what; /* "mha bench: <who>kernel K<what> fails validation" */
+    void *ctx;
+    mha_kernel *kernel;     /* the options field the runs read                 */
+    double work;            /* FLOPs that decide whether a slow kernel is timed */
+    double flops, bytes;    /* emit's                                          */
+    double tol;             /* the largest error that passes                   */
+    run_fn fwd, bwd;        /* the forward, and the backward (NULL: forward op) */
+    void (*prepare)(void *ctx);            /* before the first runs, or NULL    */
+    double (*error)(void *ctx, bool *checked); /* after them; !checked: none   */
+    void (*before_timing)(void *ctx);      /* or NULL                           */
+    void (*after)(void *ctx);              /* after the line, or NULL           */
+} bench_op;
+
+/* For each selected kernel: one run (the forward, then the backward),
+ * validated; then the median of cfg->reps timed runs of each, one line. */
+static int bench_kernels(const bench_cfg *cfg, const bench_case *c, const bench_op *op) {
+    static const mha_kernel all[3] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
+    int rc = CLI_OK;
+    for (int kk = 0; kk < 3; kk++) {
+        const mha_kernel k = all[kk];
+        if (!kernel_selected(cfg, k, op->work, c->L))
+            continue;
+        *op->kernel = k;
+        if (op->prepare)
+            op->prepare(op->ctx);
+        double first[2] = {0.0, 0.0};
+        for (int b = 0; b < (op->bwd ? 2 : 1); b++) {
+            double t0 = now_ms();
+            mha_status st = (b ? op->bwd : op->fwd)(op->ctx);
+            if (st != MHA_OK)
+                return cli_fail("bench", st, mha_kernel_name(k));
+            first[b] = now_ms() - t0;
+        }
+        bool checked = true;
+        double err = op->error(op->ctx, &checked);
+        if (checked && !(err <= op->tol)) {
+            fprintf(stderr, "mha bench: %skernel %s%s fails validation (error %g)\n", op->who,
+                    mha_kernel_name(k), op->what, err);
+            rc = CLI_INTERNAL;
+            continue;
+        }
+        if (op->before_timing)
+            op->before_timing(op->ctx);
+        double ms = time_median(op->fwd, op->ctx, cfg->reps, first[0]), fwd_ms = NAN;
+        if (op->bwd)
+            fwd_ms = ms, ms = time_median(op->bwd, op->ctx, cfg->reps, first[1]);
+        emit(cfg, op->op, mha_kernel_name(k), c, ms, fwd_ms, op->flops, op->bytes,
+             checked ? err : NAN);
+        if (op->after)
+            op->after(op->ctx);
+    }
+    return rc;
 }
 
 /* ---- attention ---------------------------------------------------------- */
@@ -203,6 +275,21 @@ static double window_err(const bench_case *c, const attn_ctx *a, int64_t i0, con
         worst = e > worst ? e : worst;
     }
     return worst;
+}
+
+/* The forward op's context: a, and the reference of its output rows [i0, L). */
+typedef struct attn_window {
+    const bench_case *c;
+    attn_ctx *a;
+    int64_t i0;
+    const float *ref;
+} attn_window;
+
+static mha_status run_attn_window(void *p) { return run_attn(((attn_window *)p)->a); }
+
+static double attn_window_err(void *p, bool *checked) {
+    const attn_window *w = p;
+    return window_err(w->c, w->a, w->i0, w->ref);
 }
 
 static int bench_attention(const bench_cfg *cfg, const bench_case *c) {
@@ -243,31 +330,13 @@ static int bench_attention(const bench_cfg *cfg, const bench_case *c) {
         goto done;
     }
 
-    mha_kernel all[3] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
-    for (int kk = 0; kk < 3; kk++) {
-        mha_kernel k = all[kk];
-        if (!kernel_selected(cfg, k, flops, c->L))
-            continue;
-        a.opt.kernel = k;
-        double t0 = now_ms();
-        if ((st = run_attn(&a)) != MHA_OK) {
-            rc = cli_fail(cmd, st, mha_kernel_name(k));
-            goto done;
-        }
-        double first = now_ms() - t0;
-        double err = window_err(c, &a, i0, ref);
-        if (!(err <= 1e-5)) {
-            fprintf(stderr, "mha bench: kernel %s fails validation (error %g)\n",
-                    mha_kernel_name(k), err);
-            rc = CLI_INTERNAL;
-            continue;
-        }
-        double ms = time_median(run_attn, &a, cfg->reps, first);
-        double bytes = c->L <= 16 ? 4.0 * ((double)c->B * c->Hkv * c->S * c->d * 2 +
-                                           2.0 * c->B * c->H * c->L * c->d)
-                                  : 0.0;
-        emit(cfg, "attention", mha_kernel_name(k), c, ms, flops, bytes, err);
-    }
+    attn_window win = {c, &a, i0, ref};
+    const double bytes = c->L <= 16 ? 4.0 * ((double)c->B * c->Hkv * c->S * c->d * 2 +
+                                             2.0 * c->B * c->H * c->L * c->d)
+                                    : 0.0;
+    const bench_op op = {"attention", "", "", &win, &a.opt.kernel, flops, flops, bytes, 1e-5,
+                         run_attn_window, NULL, NULL, attn_window_err, NULL, NULL};
+    rc = bench_kernels(cfg, c, &op);
 done:
     free(ref);
     mha_tensor_free(&a.q), mha_tensor_free(&a.k), mha_tensor_free(&a.v), mha_tensor_free(&a.o);
@@ -275,35 +344,6 @@ done:
 }
 
 /* ---- attention backward ------------------------------------------------ */
-
-/* One backward line: ms (median backward), the forward's ms of the same
- * case and kernel, GFLOP/s of bwd_flops (FlashAttention's accounting:
- * attention backward = 2.5 x forward FLOPs; a projection backward = 2 x its
- * forward) and the bwd/fwd ratio.  err NaN: not validated (printed null). */
-static void emit_bwd(const bench_cfg *cfg, const char *op, const char *kernel,
-                     const bench_case *c, double ms, double fwd_ms, double flops, double err) {
-    const double gf = flops / (ms * 1e6), peak = peak_for(cfg->threads);
-    int threads = cfg->threads > 0 ? cfg->threads : mha_get_num_threads();
-    if (cfg->json) {
-        printf("{\"op\":\"%s\",\"kernel\":\"%s\",\"B\":%lld,\"H\":%lld,\"Hkv\":%lld,\"L\":%lld,"
-               "\"S\":%lld,\"d\":%lld,\"causal\":%s,\"threads\":%d,\"ms\":%.4f,\"fwd_ms\":%.4f,"
-               "\"ratio\":%.3f,\"gflops\":%.2f,\"peak_gflops\":%.1f,\"max_err\":",
-               op, kernel, (long long)c->B, (long long)c->H, (long long)c->Hkv, (long long)c->L,
-               (long long)c->S, (long long)c->d, c->causal ? "true" : "false", threads, ms,
-               fwd_ms, ms / fwd_ms, gf, peak);
-        if (isnan(err))
-            printf("null}\n");
-        else
-            printf("%.3g}\n", err);
-    } else {
-        printf("%-13s %-6s B=%-2lld H=%-2lld Hkv=%-2lld L=%-5lld S=%-5lld d=%-3lld %-6s t=%d "
-               "bwd %9.3f ms fwd %9.3f ms ratio %5.2f %8.1f GFLOP/s %5.1f%% of %.0f  err %.2g\n",
-               op, kernel, (long long)c->B, (long long)c->H, (long long)c->Hkv, (long long)c->L,
-               (long long)c->S, (long long)c->d, c->causal ? "causal" : "full", threads, ms,
-               fwd_ms, ms / fwd_ms, gf, 100.0 * gf / peak, peak, err);
-    }
-    fflush(stdout);
-}
 
 typedef struct bwd_ctx {
     mha_tensor q, k, v, o, lse, dout, dq, dk, dv;
@@ -335,6 +375,46 @@ static void zero_grads(bwd_ctx *a, const bench_case *c) {
     memset(a->dq.data, 0, sizeof(float) * (size_t)(c->B * c->H * c->L * c->d));
     memset(a->dk.data, 0, sizeof(float) * (size_t)(c->B * c->Hkv * c->S * c->d));
     memset(a->dv.data, 0, sizeof(float) * (size_t)(c->B * c->Hkv * c->S * c->d));
+}
+
+/* The backward op's context: a (timed), r (the reference's gradients of the
+ * dout window: query rows [i0, L), rows of them). */
+typedef struct bwd_bench {
+    const bench_case *c;
+    bwd_ctx *a, *r;
+    int64_t i0, rows;
+} bwd_bench;
+
+static mha_status run_bb_fwd(void *p) { return run_fwd_lse(((bwd_bench *)p)->a); }
+static mha_status run_bb_bwd(void *p) { return run_bwd(((bwd_bench *)p)->a); }
+
+static void bb_zero(void *p) {
+    const bwd_bench *b = p;
+    zero_grads(b->a, b->c);
+}
+
+static double bb_err(void *p, bool *checked) {
+    const bwd_bench *b = p;
+    return grads_err(b->a, b->r, b->c);
+}
+
+/* dout on every row, for timing. */
+static void bb_fill_dout(void *p) {
+    const bwd_bench *b = p;
+    fill(b->a->dout.data, (size_t)(b->c->B * b->c->H * b->c->L * b->c->d), 9, 1.0f);
+}
+
+/* dout zero outside rows [i0, L): the validation window (for the next kernel). */
+static void bb_window_dout(void *p) {
+    const bwd_bench *b = p;
+    const bench_case *c = b->c;
+    const size_t ld = (size_t)c->d;
+    float *dout = b->a->dout.data;
+    for (int64_t bh = 0; bh < c->B * c->H; bh++) {
+        memset(dout + (size_t)bh * (size_t)c->L * ld, 0, sizeof(float) * (size_t)b->i0 * ld);
+        fill(dout + ((size_t)bh * (size_t)c->L + (size_t)b->i0) * ld, (size_t)b->rows * ld,
+             (uint64_t)(10 + bh), 1.0f);
+    }
 }
 
 /* Validation: dout is zero outside query rows [i0, L), so only those rows
@@ -378,9 +458,7 @@ static int bench_attention_bwd(const bench_cfg *cfg, const bench_case *c) {
     /* the windowed dout and the reference gradients */
     float *dout = a.dout.data;
     const size_t ld = (size_t)c->d;
-    for (int64_t bh = 0; bh < c->B * c->H; bh++)
-        fill(dout + ((size_t)bh * (size_t)c->L + (size_t)i0) * ld, (size_t)rows * ld,
-             (uint64_t)(10 + bh), 1.0f);
+    bb_window_dout(&(bwd_bench){c, &a, NULL, i0, rows});
     r = a;
     r.o = ro, r.lse = rlse, r.dq = rdq, r.dk = rdk, r.dv = rdv;
     r.opt.kernel = MHA_KERNEL_REF;
@@ -401,42 +479,11 @@ static int bench_attention_bwd(const bench_cfg *cfg, const bench_case *c) {
         }
     }
 
-    mha_kernel kinds[3] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
-    for (int kk = 0; kk < 3; kk++) {
-        mha_kernel k = kinds[kk];
-        if (!kernel_selected(cfg, k, 2.5 * flops, c->L))
-            continue;
-        a.opt.kernel = k;
-        zero_grads(&a, c);
-        double t0 = now_ms();
-        if ((st = run_fwd_lse(&a)) != MHA_OK) {
-            rc = cli_fail(cmd, st, mha_kernel_name(k));
-            goto done;
-        }
-        double fwd_first = now_ms() - t0;
-        t0 = now_ms();
-        if ((st = run_bwd(&a)) != MHA_OK) {
-            rc = cli_fail(cmd, st, mha_kernel_name(k));
-            goto done;
-        }
-        double bwd_first = now_ms() - t0;
-        double err = grads_err(&a, &r, c);
-        if (!(err <= 1e-4)) {
-            fprintf(stderr, "mha bench: kernel %s backward fails validation (error %g)\n",
-                    mha_kernel_name(k), err);
-            rc = CLI_INTERNAL;
-            continue;
-        }
-        fill(dout, (size_t)(c->B * c->H * c->L * c->d), 9, 1.0f); /* every row, for timing */
-        double fwd_ms = time_median(run_fwd_lse, &a, cfg->reps, fwd_first);
-        double ms = time_median(run_bwd, &a, cfg->reps, bwd_first);
-        emit_bwd(cfg, "attention_bwd", mha_kernel_name(k), c, ms, fwd_ms, 2.5 * flops, err);
-        for (int64_t bh = 0; bh < c->B * c->H; bh++) { /* the window again for the next kernel */
-            memset(dout + (size_t)bh * (size_t)c->L * ld, 0, sizeof(float) * (size_t)i0 * ld);
-            fill(dout + ((size_t)bh * (size_t)c->L + (size_t)i0) * ld, (size_t)rows * ld,
-                 (uint64_t)(10 + bh), 1.0f);
-        }
-    }
+    bwd_bench bb = {c, &a, &r, i0, rows};
+    const bench_op op = {"attention_bwd", "", " backward", &bb, &a.opt.kernel, 2.5 * flops,
+                         2.5 * flops, 0.0, 1e-4, run_bb_fwd, run_bb_bwd, bb_zero, bb_err,
+                         bb_fill_dout, bb_window_dout};
+    rc = bench_kernels(cfg, c, &op);
 done:
     for (size_t t = 0; t < sizeof all / sizeof *all; t++)
         mha_tensor_free(all[t]);
@@ -457,36 +504,77 @@ static mha_status run_mha(void *p) {
     return mha_multihead_forward(&m->out, m->query, &m->x, &m->x, &m->w, &m->opt);
 }
 
+static void mha_case_free(mha_ctx *m) {
+    mha_tensor_free(&m->x), mha_tensor_free(&m->w_in), mha_tensor_free(&m->b_in);
+    mha_tensor_free(&m->w_out), mha_tensor_free(&m->b_out);
+}
+
+/* Case c's self-attention in m: x (B,L,E) and the packed in_proj and
+ * out_proj with biases (E = H*d), filled; the options (H heads, c's
+ * causality).  m->out and m->mask are the caller's.  On failure nothing of
+ * these stays allocated. */
+static mha_status mha_case_make(mha_ctx *m, const bench_case *c) {
+    const int64_t E = c->H * c->d;
+    int64_t xs[3] = {c->B, c->L, E}, wi[2] = {3 * E, E}, bi[1] = {3 * E}, wo[2] = {E, E},
+            bo[1] = {E};
+    mha_status st;
+    if ((st = mha_tensor_create(&m->x, MHA_F32, 3, xs)) != MHA_OK ||
+        (st = mha_tensor_create(&m->w_in, MHA_F32, 2, wi)) != MHA_OK ||
+        (st = mha_tensor_create(&m->b_in, MHA_F32, 1, bi)) != MHA_OK ||
+        (st = mha_tensor_create(&m->w_out, MHA_F32, 2, wo)) != MHA_OK ||
+        (st = mha_tensor_create(&m->b_out, MHA_F32, 1, bo)) != MHA_OK) {
+        mha_case_free(m);
+        return st;
+    }
+    const float wamp = 1.0f / sqrtf((float)E);
+    fill(m->x.data, (size_t)(c->B * c->L * E), 4, 1.0f);
+    fill(m->w_in.data, (size_t)(3 * E * E), 5, wamp);
+    fill(m->b_in.data, (size_t)(3 * E), 6, 0.1f);
+    fill(m->w_out.data, (size_t)(E * E), 7, wamp);
+    fill(m->b_out.data, (size_t)E, 8, 0.1f);
+    m->w.in_proj_weight = &m->w_in, m->w.in_proj_bias = &m->b_in;
+    m->w.out_proj_weight = &m->w_out, m->w.out_proj_bias = &m->b_out;
+    mha_multihead_options_init(&m->opt);
+    m->opt.num_heads = c->H;
+    m->opt.causal = c->causal;
+    m->query = &m->x;
+    return MHA_OK;
+}
+
+/* The forward op's context: m, and the reference rout of its rows [i0, L). */
+typedef struct mha_window {
+    const bench_case *c;
+    mha_ctx *m;
+    const mha_tensor *rout;
+    int64_t i0, rows;
+} mha_window;
+
+static mha_status run_mha_window(void *p) { return run_mha(((mha_window *)p)->m); }
+
+static double mha_window_err(void *p, bool *checked) {
+    const mha_window *w = p;
+    const int64_t E = w->c->H * w->c->d, L = w->c->L;
+    double err = 0.0;
+    for (int64_t b = 0; b < w->c->B; b++) {
+        double e = rel_err((const float *)w->m->out.data + (b * L + w->i0) * E,
+                           (const float *)w->rout->data + b * w->rows * E, (size_t)(w->rows * E));
+        err = e > err ? e : err;
+    }
+    return err;
+}
+
 static int bench_mha(const bench_cfg *cfg, const bench_case *c) {
     const char *cmd = "bench";
     const int64_t E = c->H * c->d, L = c->L;
-    int64_t xs[3] = {c->B, L, E}, wi[2] = {3 * E, E}, bi[1] = {3 * E}, wo[2] = {E, E},
-            bo[1] = {E};
+    int64_t xs[3] = {c->B, L, E};
     mha_ctx m;
     memset(&m, 0, sizeof m);
     mha_status st;
-    if ((st = mha_tensor_create(&m.x, MHA_F32, 3, xs)) != MHA_OK ||
-        (st = mha_tensor_create(&m.out, MHA_F32, 3, xs)) != MHA_OK ||
-        (st = mha_tensor_create(&m.w_in, MHA_F32, 2, wi)) != MHA_OK ||
-        (st = mha_tensor_create(&m.b_in, MHA_F32, 1, bi)) != MHA_OK ||
-        (st = mha_tensor_create(&m.w_out, MHA_F32, 2, wo)) != MHA_OK ||
-        (st = mha_tensor_create(&m.b_out, MHA_F32, 1, bo)) != MHA_OK) {
-        mha_tensor_free(&m.x), mha_tensor_free(&m.out), mha_tensor_free(&m.w_in);
-        mha_tensor_free(&m.b_in), mha_tensor_free(&m.w_out);
+    if ((st = mha_tensor_create(&m.out, MHA_F32, 3, xs)) != MHA_OK ||
+        (st = mha_case_make(&m, c)) != MHA_OK) {
+        mha_tensor_free(&m.out);
         return cli_fail(cmd, st, "allocating the case");
     }
-    const float wamp = 1.0f / sqrtf((float)E);
-    fill(m.x.data, (size_t)(c->B * L * E), 4, 1.0f);
-    fill(m.w_in.data, (size_t)(3 * E * E), 5, wamp);
-    fill(m.b_in.data, (size_t)(3 * E), 6, 0.1f);
-    fill(m.w_out.data, (size_t)(E * E), 7, wamp);
-    fill(m.b_out.data, (size_t)E, 8, 0.1f);
-    m.w.in_proj_weight = &m.w_in, m.w.in_proj_bias = &m.b_in;
-    m.w.out_proj_weight = &m.w_out, m.w.out_proj_bias = &m.b_out;
-    mha_multihead_options_init(&m.opt);
-    m.opt.num_heads = c->H;
-    m.opt.causal = c->causal;
-    m.query = &m.x;
 
     const double attn = 4.0 * c->B * c->H * (double)L * L * c->d / (c->causal ? 2.0 : 1.0);
     const double flops = attn + 2.0 * c->B * L * 3 * E * E + 2.0 * c->B * L * E * E;
@@ -526,39 +614,15 @@ static int bench_mha(const bench_cfg *cfg, const bench_case *c) {
         goto done2;
     }
 
-    mha_kernel all[3] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
-    for (int kk = 0; kk < 3; kk++) {
-        mha_kernel k = all[kk];
-        if (!kernel_selected(cfg, k, attn, L))
-            continue;
-        m.opt.kernel = k;
-        double t0 = now_ms();
-        if ((st = run_mha(&m)) != MHA_OK) {
-            rc = cli_fail(cmd, st, mha_kernel_name(k));
-            goto done2;
-        }
-        double first = now_ms() - t0;
-        double err = 0.0;
-        for (int64_t b = 0; b < c->B; b++) {
-            double e = rel_err((const float *)m.out.data + (b * L + i0) * E,
-                               (const float *)rout.data + b * rows * E, (size_t)(rows * E));
-            err = e > err ? e : err;
-        }
-        if (!(err <= 1e-5)) {
-            fprintf(stderr, "mha bench: mha with kernel %s fails validation (error %g)\n",
-                    mha_kernel_name(k), err);
-            rc = CLI_INTERNAL;
-            continue;
-        }
-        double ms = time_median(run_mha, &m, cfg->reps, first);
-        emit(cfg, "mha", mha_kernel_name(k), c, ms, flops, 0.0, err);
-    }
+    mha_window mw = {c, &m, &rout, i0, rows};
+    const bench_op op = {"mha", "mha with ", "", &mw, &m.opt.kernel, attn, flops, 0.0, 1e-5,
+                         run_mha_window, NULL, NULL, mha_window_err, NULL, NULL};
+    rc = bench_kernels(cfg, c, &op);
 done2:
     mha_tensor_free(&rout);
 done:
-    mha_tensor_free(&m.mask);
-    mha_tensor_free(&m.x), mha_tensor_free(&m.out), mha_tensor_free(&m.w_in);
-    mha_tensor_free(&m.b_in), mha_tensor_free(&m.w_out), mha_tensor_free(&m.b_out);
+    mha_tensor_free(&m.mask), mha_tensor_free(&m.out);
+    mha_case_free(&m);
     return rc;
 }
 
@@ -610,6 +674,27 @@ static void mha_zero_grads(mha_bwd_ctx *t) {
     }
 }
 
+/* The backward op's context: t[0] timed, t[1] the reference (validate). */
+typedef struct mha_bwd_bench {
+    const bench_case *c;
+    mha_bwd_ctx *t;
+    bool validate;
+} mha_bwd_bench;
+
+static mha_status run_mb_train(void *p) { return run_mha_train(((mha_bwd_bench *)p)->t); }
+static mha_status run_mb_bwd(void *p) { return run_mha_bwd(((mha_bwd_bench *)p)->t); }
+static void mb_zero(void *p) { mha_zero_grads(((mha_bwd_bench *)p)->t); }
+
+static double mb_err(void *p, bool *checked) {
+    const mha_bwd_bench *b = p;
+    if ((*checked = b->validate))
+        return mha_grads_err(&b->t[0], &b->t[1]);
+    fprintf(stderr, "mha bench: mha_bwd L=%lld not validated (reference too slow; "
+                    "--backward without --mha validates the attention part)\n",
+            (long long)b->c->L);
+    return NAN;
+}
+
 /* mha_multihead_forward_train vs mha_multihead_backward (packed in_proj,
  * biases, self-attention).  Validated against the REF kernel's backward of
  * the same case when the reference fits REF_BUDGET; larger cases are not
@@ -637,26 +722,10 @@ static int bench_mha_bwd(const bench_cfg *cfg, const bench_case *c) {
         if (st == MHA_OK && !(t[u].saved = malloc(t[u].saved_bytes)))
             st = MHA_ERR_NOMEM;
     }
-    if (st != MHA_OK || (st = mha_tensor_create(&m->x, MHA_F32, 3, xs)) != MHA_OK ||
-        (st = mha_tensor_create(&m->w_in, MHA_F32, 2, wi)) != MHA_OK ||
-        (st = mha_tensor_create(&m->b_in, MHA_F32, 1, bi)) != MHA_OK ||
-        (st = mha_tensor_create(&m->w_out, MHA_F32, 2, wo)) != MHA_OK ||
-        (st = mha_tensor_create(&m->b_out, MHA_F32, 1, bo)) != MHA_OK) {
+    if (st != MHA_OK || (st = mha_case_make(m, c)) != MHA_OK) {
         rc = cli_fail(cmd, st, "allocating the case");
         goto done;
     }
-    const float wamp = 1.0f / sqrtf((float)E);
-    fill(m->x.data, (size_t)(c->B * L * E), 4, 1.0f);
-    fill(m->w_in.data, (size_t)(3 * E * E), 5, wamp);
-    fill(m->b_in.data, (size_t)(3 * E), 6, 0.1f);
-    fill(m->w_out.data, (size_t)(E * E), 7, wamp);
-    fill(m->b_out.data, (size_t)E, 8, 0.1f);
-    m->w.in_proj_weight = &m->w_in, m->w.in_proj_bias = &m->b_in;
-    m->w.out_proj_weight = &m->w_out, m->w.out_proj_bias = &m->b_out;
-    mha_multihead_options_init(&m->opt);
-    m->opt.num_heads = c->H;
-    m->opt.causal = c->causal;
-    m->query = &m->x;
     for (int u = 0; u < 2; u++) {
         t[u].g.in_proj_weight = &t[u].dw_in, t[u].g.in_proj_bias = &t[u].db_in;
         t[u].g.out_proj_weight = &t[u].dw_out, t[u].g.out_proj_bias = &t[u].db_out;
@@ -673,44 +742,11 @@ static int bench_mha_bwd(const bench_cfg *cfg, const bench_case *c) {
     }
     const double attn = 4.0 * c->B * c->H * (double)L * L * c->d / (c->causal ? 2.0 : 1.0);
     const double proj = 2.0 * c->B * L * 3 * E * E + 2.0 * c->B * L * E * E;
-    mha_kernel kinds[3] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
-    for (int kk = 0; kk < 3; kk++) {
-        mha_kernel k = kinds[kk];
-        if (!kernel_selected(cfg, k, 2.5 * attn, L))
-            continue;
-        m->opt.kernel = k;
-        mha_zero_grads(&t[0]);
-        double t0 = now_ms();
-        if ((st = run_mha_train(&t[0])) != MHA_OK) {
-            rc = cli_fail(cmd, st, mha_kernel_name(k));
-            goto done;
-        }
-        double fwd_first = now_ms() - t0;
-        t0 = now_ms();
-        if ((st = run_mha_bwd(&t[0])) != MHA_OK) {
-            rc = cli_fail(cmd, st, mha_kernel_name(k));
-            goto done;
-        }
-        double bwd_first = now_ms() - t0;
-        double err = NAN;
-        if (validate) {
-            err = mha_grads_err(&t[0], &t[1]);
-            if (!(err <= 1e-4)) {
-                fprintf(stderr, "mha bench: mha backward with kernel %s fails validation "
-                                "(error %g)\n", mha_kernel_name(k), err);
-                rc = CLI_INTERNAL;
-                continue;
-            }
-        } else {
-            fprintf(stderr, "mha bench: mha_bwd L=%lld not validated (reference too slow; "
-                            "--backward without --mha validates the attention part)\n",
-                    (long long)L);
-        }
-        double fwd_ms = time_median(run_mha_train, &t[0], cfg->reps, fwd_first);
-        double ms = time_median(run_mha_bwd, &t[0], cfg->reps, bwd_first);
-        emit_bwd(cfg, "mha_bwd", mha_kernel_name(k), c, ms, fwd_ms, 2.5 * attn + 2.0 * proj,
-                 err);
-    }
+    mha_bwd_bench mb = {c, t, validate};
+    const bench_op op = {"mha_bwd", "mha backward with ", "", &mb, &m->opt.kernel, 2.5 * attn,
+                         2.5 * attn + 2.0 * proj, 0.0, 1e-4, run_mb_train, run_mb_bwd, mb_zero,
+                         mb_err, NULL, NULL};
+    rc = bench_kernels(cfg, c, &op);
 done:
     for (int u = 0; u < 2; u++) {
         mha_tensor *all[] = {&t[u].dx, &t[u].dout, &t[u].dw_in, &t[u].db_in, &t[u].dw_out,
@@ -719,8 +755,7 @@ done:
             mha_tensor_free(all[i]);
         free(t[u].saved);
     }
-    mha_tensor_free(&m->x), mha_tensor_free(&m->w_in), mha_tensor_free(&m->b_in);
-    mha_tensor_free(&m->w_out), mha_tensor_free(&m->b_out);
+    mha_case_free(m);
     return rc;
 }
 

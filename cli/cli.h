@@ -18,8 +18,8 @@ int cli_bench(int argc, char **argv);
 /* `mha bench --decode` (cli/bench_decode.c): op "decode" with gbps. */
 int cli_bench_decode(int argc, char **argv);
 int cli_viz(int argc, char **argv);
-/* `mha grad` (cli/grad.c); `mha grad --layer ...` goes to cli_grad_layer, a
- * weak hook in grad.c that the layer backward's command replaces. */
+/* `mha grad` (cli/grad.c); `mha grad --layer ...` goes to cli_grad_layer
+ * (cli/grad_layer.c). */
 int cli_grad(int argc, char **argv);
 int cli_grad_layer(int argc, char **argv);
 /* `mha train` (cli/train.c). */

@@ -99,11 +99,3 @@ int cli_forward(int argc, char **argv) {
     cli_mha_inputs_free(&in);
     return rc;
 }
-
-/* Until cli/forward_layer.c is linked in, --layer reports that it is missing
- * (a weak definition: the real one replaces it). */
-__attribute__((weak)) int cli_forward_layer(int argc, char **argv) {
-    (void)argc, (void)argv;
-    fprintf(stderr, "mha forward: --layer is not available in this build\n");
-    return CLI_INTERNAL;
-}

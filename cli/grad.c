@@ -5,7 +5,7 @@
  * Loss convention: L = sum(dY * Y); the files hold dL/dinput and dL/dparam.
  * Dropout is off (eval); the attention-weights flags of `mha forward` are
  * refused.  Layer gradients (--layer encoder|decoder) hand over to
- * cli_grad_layer, a weak hook that the layer backward replaces.
+ * cli_grad_layer (cli/grad_layer.c).
  */
 #include "cli.h"
 #include "mha_inputs.h"
@@ -194,12 +194,4 @@ int cli_grad(int argc, char **argv) {
         mha_tensor_free(&dw[i]);
     cli_mha_inputs_free(&in);
     return rc;
-}
-
-/* The layer gradients (`mha grad --layer encoder|decoder`) come with the
- * layer backward passes; until then this weak definition reports it. */
-__attribute__((weak)) int cli_grad_layer(int argc, char **argv) {
-    (void)argc, (void)argv;
-    fprintf(stderr, "mha grad: --layer is not available in this build\n");
-    return CLI_INTERNAL;
 }

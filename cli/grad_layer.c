@@ -5,7 +5,7 @@
  * Writes DIR/grad_query.npy (dL/dX), DIR/grad_memory.npy (decoder: dL/dM)
  * and DIR/grad_weights.safetensors with one gradient per parameter present
  * in the weights file, under the parameter's own name (prefix kept).
- * Replaces the weak cli_grad_layer hook of grad.c; parsing and printing only.
+ * cli_grad (grad.c) hands --layer over to it; parsing and printing only.
  */
 #include "cli.h"
 #include "mha_inputs.h"

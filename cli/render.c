@@ -391,6 +391,23 @@ static int legend_ticks(float vmax, int want, double *ticks, int max) {
     return n;
 }
 
+/* A legend tick as both writers draw it: its pixel row and its label. */
+typedef struct legend_tick {
+    int y;
+    char label[32];
+} legend_tick;
+
+/* The ticks of lo's legend (at most 16); their count. */
+static int legend_tick_list(const layout *lo, legend_tick *out) {
+    double ticks[16];
+    int nt = legend_ticks(lo->vmax, lo->legend_h / (3 * lo->line) + 1, ticks, 16);
+    for (int k = 0; k < nt; k++) {
+        out[k].y = lo->legend_y + lo->legend_h - (int)lround(ticks[k] / lo->vmax * lo->legend_h);
+        snprintf(out[k].label, sizeof out[k].label, "%.3g", ticks[k]);
+    }
+    return nt;
+}
+
 /* Panel p's weight (i,j): a head's, or the mean over heads. */
 static float panel_weight(const render_maps *m, int64_t p, int64_t i, int64_t j) {
     if (p < m->H)
@@ -487,15 +504,11 @@ static void svg_legend(FILE *f, const layout *lo) {
     fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"url(#viridis)\" stroke=\"#444\"/>\n",
             x, y, LEGEND_BAR, h);
     svg_text(f, x, y - lo->line / 2 - 4, "start", lo->fz, "weight");
-    double ticks[16];
-    int nt = legend_ticks(lo->vmax, lo->legend_h / (3 * lo->line) + 1, ticks, 16);
-    for (int k = 0; k < nt; k++) {
-        int ty = y + h - (int)lround(ticks[k] / lo->vmax * h);
-        char buf[32];
-        snprintf(buf, sizeof buf, "%.3g", ticks[k]);
+    legend_tick t[16];
+    for (int k = 0, nt = legend_tick_list(lo, t); k < nt; k++) {
         fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#444\"/>\n", x + LEGEND_BAR,
-                ty, x + LEGEND_BAR + 4, ty);
-        svg_text(f, x + LEGEND_BAR + 6, ty, "start", lo->fz, buf);
+                t[k].y, x + LEGEND_BAR + 4, t[k].y);
+        svg_text(f, x + LEGEND_BAR + 6, t[k].y, "start", lo->fz, t[k].label);
     }
     fputs("</g>\n", f);
 }
@@ -634,15 +647,24 @@ static void raster_legend(render_image *img, const layout *lo) {
     }
     frame_rect(img, x, y, LEGEND_BAR, h, FRAME);
     draw_text(img, x, y - lo->line - 4, "weight", lo->fs, 0);
-    double ticks[16];
-    int nt = legend_ticks(lo->vmax, lo->legend_h / (3 * lo->line) + 1, ticks, 16);
-    for (int k = 0; k < nt; k++) {
-        int ty = y + h - (int)lround(ticks[k] / lo->vmax * h);
-        char buf[32];
-        snprintf(buf, sizeof buf, "%.3g", ticks[k]);
-        fill_rect(img, x + LEGEND_BAR, ty, 4, 1, FRAME);
-        draw_text(img, x + LEGEND_BAR + 6, ty - 7 * lo->fs / 2, buf, lo->fs, 0);
+    legend_tick t[16];
+    for (int k = 0, nt = legend_tick_list(lo, t); k < nt; k++) {
+        fill_rect(img, x + LEGEND_BAR, t[k].y, 4, 1, FRAME);
+        draw_text(img, x + LEGEND_BAR + 6, t[k].y - 7 * lo->fs / 2, t[k].label, lo->fs, 0);
     }
+}
+
+/* A white w x h image in img. */
+static render_status image_make(render_image *img, int w, int h, char *err, size_t errlen) {
+    img->rgb = malloc((size_t)w * h * 3);
+    if (!img->rgb) {
+        set_err(err, errlen, "render: out of memory for a %dx%d picture", w, h);
+        return RENDER_ERR_NOMEM;
+    }
+    img->width = w;
+    img->height = h;
+    memset(img->rgb, 0xff, (size_t)w * h * 3);
+    return RENDER_OK;
 }
 
 render_status render_raster(const render_maps *m, render_image *img, char *err, size_t errlen) {
@@ -659,14 +681,8 @@ render_status render_raster(const render_maps *m, render_image *img, char *err, 
         set_err(err, errlen, "render: a %dx%d picture is too large; use fewer tokens", lo.width, lo.height);
         return RENDER_ERR_ARG;
     }
-    img->rgb = malloc((size_t)lo.width * lo.height * 3);
-    if (!img->rgb) {
-        set_err(err, errlen, "render: out of memory for a %dx%d picture", lo.width, lo.height);
-        return RENDER_ERR_NOMEM;
-    }
-    img->width = lo.width;
-    img->height = lo.height;
-    memset(img->rgb, 0xff, (size_t)lo.width * lo.height * 3);
+    if ((st = image_make(img, lo.width, lo.height, err, errlen)))
+        return st;
     if (m->title)
         draw_text_n(img, MARGIN, MARGIN + 2, m->title, TITLE_MAX, lo.fs, 0);
     for (int64_t p = 0; p < lo.P; p++)
@@ -910,17 +926,10 @@ render_status render_plot_raster(const render_plot *p, render_image *img, char *
     img->width = img->height = 0;
     img->rgb = NULL;
     render_status st = check_plot(p, err, errlen);
-    if (st)
+    if (st || (st = image_make(img, PLOT_W, PLOT_H, err, errlen)))
         return st;
     plot_frame fr;
     plot_frame_make(p, &fr);
-    img->rgb = malloc((size_t)PLOT_W * PLOT_H * 3);
-    if (!img->rgb) {
-        set_err(err, errlen, "render: out of memory for a %dx%d picture", PLOT_W, PLOT_H);
-        return RENDER_ERR_NOMEM;
-    }
-    img->width = PLOT_W, img->height = PLOT_H;
-    memset(img->rgb, 0xff, (size_t)PLOT_W * PLOT_H * 3);
     const int pw = PLOT_W - PLOT_L - PLOT_R, ph = PLOT_H - PLOT_T - PLOT_B, gh = 7;
     const int tw = 6; /* the 5x7 font's advance at size 1 */
     if (p->title)

@@ -198,26 +198,23 @@ static mha_status decode_layers(float *h, const mha_decoder_weights *w, mha_deco
     const float eps = opt->layer_norm_eps;
     for (int64_t l = 0; l < c->layers; l++) {
         const mha_decoder_layer_weights *lw = &w->layers[l];
-        if (opt->norm_first) {
-            MHA_TRY(layer_norm(nrm, h, B, E, lw->norm1_weight, lw->norm1_bias, eps));
-            MHA_TRY(attend(c, l, false, nrm, &lw->self_attn, q, k, v, a, t, opt));
-            add(h, h, t, n);
-            MHA_TRY(layer_norm(nrm, h, B, E, lw->norm2_weight, lw->norm2_bias, eps));
-            MHA_TRY(attend(c, l, true, nrm, &lw->multihead_attn, q, k, v, a, t, opt));
-            add(h, h, t, n);
-            MHA_TRY(layer_norm(nrm, h, B, E, lw->norm3_weight, lw->norm3_bias, eps));
-            MHA_TRY(ff(t, nrm, B, E, lw, opt->activation));
-            add(h, h, t, n);
-        } else {
-            MHA_TRY(attend(c, l, false, h, &lw->self_attn, q, k, v, a, t, opt));
-            add(h2, h, t, n);
-            MHA_TRY(layer_norm(h, h2, B, E, lw->norm1_weight, lw->norm1_bias, eps));
-            MHA_TRY(attend(c, l, true, h, &lw->multihead_attn, q, k, v, a, t, opt));
-            add(h2, h, t, n);
-            MHA_TRY(layer_norm(h, h2, B, E, lw->norm2_weight, lw->norm2_bias, eps));
-            MHA_TRY(ff(t, h, B, E, lw, opt->activation));
-            add(h2, h, t, n);
-            MHA_TRY(layer_norm(h, h2, B, E, lw->norm3_weight, lw->norm3_bias, eps));
+        mha_layer_parts p; /* self attention, cross attention, MLP (layers.h) */
+        mha_layer_blocks_decoder(lw, &p);
+        for (int s = 0; s < p.n; s++) {
+            const mha_layer_block *b = &p.block[s];
+            const float *in = opt->norm_first ? nrm : h; /* the sublayer's input */
+            if (opt->norm_first)
+                MHA_TRY(layer_norm(nrm, h, B, E, b->norm_weight, b->norm_bias, eps));
+            if (b->attn)
+                MHA_TRY(attend(c, l, b->cross, in, b->attn, q, k, v, a, t, opt));
+            else
+                MHA_TRY(ff(t, in, B, E, lw, opt->activation));
+            if (opt->norm_first) {
+                add(h, h, t, n);
+            } else {
+                add(h2, h, t, n);
+                MHA_TRY(layer_norm(h, h2, B, E, b->norm_weight, b->norm_bias, eps));
+            }
         }
     }
     if (w->final_norm)

@@ -8,6 +8,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #if defined(__GNUC__)
 #define MHA_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -135,6 +138,15 @@ static inline float mha_mask_value(const mha_tensor *m, int64_t off, mha_mask_po
 
 /* ---- threads ------------------------------------------------------------- */
 int mha_threads(void); /* the count a parallel region should use (>= 1) */
+/* The calling thread's index in its parallel region (0 outside one, and
+ * in a build without OpenMP): the one place kernels ask it. */
+static inline int mha_thread_index(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
 
 /* ---- the environment's kernel and GEMM choice (runtime.c) ---------------- */
 /* MHA_KERNEL's choice, AUTO when unset, empty or unknown (an unknown value

@@ -26,9 +26,6 @@
 
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 struct mha_kv_cache {
     int64_t B, Hkv, capacity, d, dv, window;
@@ -432,10 +429,7 @@ mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q, const mha_
     float *scratch = buf + qn + pn;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t t = 0; t < tasks; t++) {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
+        const int tid = mha_thread_index();
         int64_t sp = t % nsplit, hk = (t / nsplit) % c->Hkv, b = t / (nsplit * c->Hkv);
         decode_split(&a, b, hk, sp, scratch + (size_t)tid * (size_t)(G * (SPLIT_KEYS + dv)));
     }

@@ -124,7 +124,7 @@ void mha_mlp_backward_ref(float *dx, const mha_mlp_raw_grads *g, const float *do
                           const float *x, int64_t N, const mha_mlp_raw *m, mha_activation act);
 
 /* ---- the Transformer layers' shared steps (transformer.c; the training half
- * in transformer_train.c uses them too) --------------------------------------
+ * in transformer_train.c and the decoder's decode step use them too) ---------
  * A layer is a list of blocks, each a sublayer with the norm that goes with
  * it (normK of PyTorch's layer is block K-1):
  *   encoder  self attention, MLP;   decoder  self attention, cross, MLP.
@@ -154,6 +154,13 @@ typedef struct mha_layer_stack {
     const mha_tensor *norm_weight, *norm_bias; /* (E) or NULL each          */
 } mha_layer_stack;
 
+/* The stack view of an encoder's / a decoder's weights (w not NULL). */
+mha_layer_stack mha_layer_stack_encoder(const mha_encoder_weights *w);
+mha_layer_stack mha_layer_stack_decoder(const mha_decoder_weights *w);
+
+/* A layer's blocks, unchecked (p->mlp is not set). */
+void mha_layer_blocks_encoder(const mha_encoder_layer_weights *w, mha_layer_parts *p);
+void mha_layer_blocks_decoder(const mha_decoder_layer_weights *w, mha_layer_parts *p);
 /* Checks one layer's weights against width E and lays them out as blocks. */
 mha_status mha_layer_parts_encoder(const mha_encoder_layer_weights *w, int64_t E,
                                    mha_layer_parts *p);
@@ -178,6 +185,12 @@ mha_status mha_layer_seq_dims(const mha_tensor *x, const mha_tensor *memory, int
 int mha_layer_residual_stream(const mha_layer_parts *p, int k);
 /* Dropout stream k of layer `layer`. */
 uint64_t mha_layer_stream(int64_t layer, int k);
+/* True when opt drops out (training with dropout_p > 0). */
+bool mha_layer_dropping(const mha_layer_options *opt);
+/* o (n) = base + drop(t): a sublayer's residual; t is dropped in place on
+ * stream `stream` when mha_layer_dropping(opt).  o may be base. */
+void mha_layer_residual(float *o, const float *base, float *t, int64_t n,
+                        const mha_layer_options *opt, uint64_t stream);
 /* The multi-head options of block b of layer `layer`: the layer's masks
  * (self or cross), its options and an attention-dropout seed per layer and
  * module. */

@@ -134,6 +134,54 @@ void mha_linear_f32(float *y, int64_t ldy, const float *x, int64_t ldx, const fl
     mha_linear_f32_path(MHA_GEMM_AUTO, y, ldy, x, ldx, w, ldw, bias, M, N, K, accumulate);
 }
 
+/* ---- the Linear backward -------------------------------------------------------
+ * Linear y (N,F) = x (N,K) w^T + b:
+ *   dx (N,K) += dout (N,F) w (F,K)     one GEMM over F
+ *   dw (F,K) += dout^T (F,N) x (N,K)   one GEMM over the rows
+ *   db (F)   += sum over rows of dout
+ * Both products go through the GEMM dispatcher above, like every
+ * other GEMM: MHA_GEMM and the avx2 path apply; each path sums every
+ * element in one fixed order whatever the thread count. */
+
+void mha_linear_backward_f32(float *dx, float *dw, float *db, const float *dout, const float *x,
+                             const float *w, int64_t N, int64_t F, int64_t K) {
+    if (db)
+        for (int64_t r = 0; r < N; r++)
+            for (int64_t f = 0; f < F; f++)
+                db[f] += dout[r * F + f];
+    if (N == 0 || F == 0 || K == 0)
+        return;
+    if (dx) /* dx (N,K) += dout (N,F) w (F,K) */
+        mha_gemm_f32_ab(0, dx, K, dout, F, w, K, N, K, F);
+    if (dw) /* dw (F,K) += dout^T (F,N) x (N,K) */
+        mha_gemm_f32_ab(1, dw, K, dout, F, x, K, F, K, N);
+}
+
+void mha_linear_backward_ref(float *dx, float *dw, float *db, const float *dout, const float *x,
+                             const float *w, int64_t N, int64_t F, int64_t K) {
+    for (int64_t r = 0; r < N && dx; r++)
+        for (int64_t k = 0; k < K; k++) {
+            double acc = 0.0;
+            for (int64_t f = 0; f < F; f++)
+                acc += (double)dout[r * F + f] * w[f * K + k];
+            dx[r * K + k] += (float)acc;
+        }
+    for (int64_t f = 0; f < F; f++) {
+        for (int64_t k = 0; k < K && dw; k++) {
+            double acc = 0.0;
+            for (int64_t r = 0; r < N; r++)
+                acc += (double)dout[r * F + f] * x[r * K + k];
+            dw[f * K + k] += (float)acc;
+        }
+        if (db) {
+            double acc = 0.0;
+            for (int64_t r = 0; r < N; r++)
+                acc += dout[r * F + f];
+            db[f] += (float)acc;
+        }
+    }
+}
+
 /* ---- nn.Linear, the public entries --------------------------------------------------- */
 
 /* x (N,K) rows and weight (F,K), the environment's choices valid. */

@@ -1,11 +1,11 @@
-/* mlp.c - nn.Linear and the position-wise MLP of the Transformer block
+/* mlp.c - the position-wise MLP of the Transformer block
  * (linear1 -> activation -> dropout -> linear2), plus the gated form
  * (SwiGLU: linear2(silu(linear1 x) * linear3 x)).
  *
  * Letter legend: N rows, E model width, F hidden width.
  * The GEMMs go through linear.c's dispatcher (mha_linear_f32,
  * mha_gemm_f32_ab); the reference (mha_mlp_ref) is triple loops in float64.
- * The public nn.Linear functions are in linear.c.
+ * The nn.Linear functions, forward and backward, are in linear.c.
  */
 #include "layers.h"
 
@@ -84,24 +84,37 @@ void mha_mlp_ref(float *y, const float *x, int64_t N, const mha_mlp_raw *m, mha_
     }
 }
 
-mha_status mha_mlp_workspace_size(int64_t N, int64_t F, int gated, size_t *bytes) {
+/* bytes = the floats(N, F, gated) of a forward or backward workspace, checked. */
+static mha_status workspace_bytes(int64_t N, int64_t F, int gated,
+                                  int64_t (*floats)(int64_t, int64_t, bool), size_t *bytes) {
     MHA_CHECK(bytes != NULL, MHA_ERR_NULL, "mlp: NULL bytes");
     MHA_CHECK(N >= 0 && F >= 0, MHA_ERR_SHAPE, "mlp: negative size");
-    int64_t n = mha_mlp_hidden_floats(N, F, gated != 0);
+    int64_t n = floats(N, F, gated != 0);
     MHA_CHECK(n >= 0 && !mha_size_mul_overflows((size_t)n, sizeof(float), bytes),
               MHA_ERR_OVERFLOW, "mlp: workspace size overflows");
     return MHA_OK;
+}
+
+mha_status mha_mlp_workspace_size(int64_t N, int64_t F, int gated, size_t *bytes) {
+    return workspace_bytes(N, F, gated, mha_mlp_hidden_floats, bytes);
+}
+
+/* The checks the forward and the backward begin with: the runtime, act,
+ * x (N,E) rows and the weights against E (filling m). */
+static mha_status mlp_check(const mha_tensor *x, const mha_mlp_weights *w, mha_activation act,
+                            int64_t *N, int64_t *E, mha_mlp_raw *m) {
+    MHA_TRY(mha_runtime_check());
+    MHA_CHECK(act >= MHA_ACT_RELU && act <= MHA_ACT_SILU, MHA_ERR_VALUE,
+              "activation: unknown value %d", (int)act);
+    MHA_TRY(mha_rows_check(x, "x", -1, N, E));
+    return mha_mlp_resolve(w, *E, m);
 }
 
 mha_status mha_mlp_forward(mha_tensor *out, const mha_tensor *x, const mha_mlp_weights *w,
                            mha_activation act, void *workspace, size_t workspace_bytes) {
     int64_t N, E;
     mha_mlp_raw m;
-    MHA_TRY(mha_runtime_check());
-    MHA_CHECK(act >= MHA_ACT_RELU && act <= MHA_ACT_SILU, MHA_ERR_VALUE,
-              "activation: unknown value %d", (int)act);
-    MHA_TRY(mha_rows_check(x, "x", -1, &N, &E));
-    MHA_TRY(mha_mlp_resolve(w, E, &m));
+    MHA_TRY(mlp_check(x, w, act, &N, &E, &m));
     MHA_TRY(mha_rows_check_out(out, x, "out", N, E, false));
     const mha_tensor *ws[] = {w->linear1_weight, w->linear1_bias, w->linear2_weight,
                               w->linear2_bias, w->linear3_weight, w->linear3_bias};
@@ -117,53 +130,7 @@ mha_status mha_mlp_forward(mha_tensor *out, const mha_tensor *x, const mha_mlp_w
     return MHA_OK;
 }
 
-/* ---- backward ----------------------------------------------------------------
- * Linear y (N,F) = x (N,K) w^T + b:
- *   dx (N,K) += dout (N,F) w (F,K)     one GEMM over F
- *   dw (F,K) += dout^T (F,N) x (N,K)   one GEMM over the rows
- *   db (F)   += sum over rows of dout
- * Both products go through the GEMM dispatcher (linear.c), like every
- * other GEMM: MHA_GEMM and the avx2 path apply; each path sums every
- * element in one fixed order whatever the thread count. */
-
-void mha_linear_backward_f32(float *dx, float *dw, float *db, const float *dout, const float *x,
-                             const float *w, int64_t N, int64_t F, int64_t K) {
-    if (db)
-        for (int64_t r = 0; r < N; r++)
-            for (int64_t f = 0; f < F; f++)
-                db[f] += dout[r * F + f];
-    if (N == 0 || F == 0 || K == 0)
-        return;
-    if (dx) /* dx (N,K) += dout (N,F) w (F,K) */
-        mha_gemm_f32_ab(0, dx, K, dout, F, w, K, N, K, F);
-    if (dw) /* dw (F,K) += dout^T (F,N) x (N,K) */
-        mha_gemm_f32_ab(1, dw, K, dout, F, x, K, F, K, N);
-}
-
-void mha_linear_backward_ref(float *dx, float *dw, float *db, const float *dout, const float *x,
-                             const float *w, int64_t N, int64_t F, int64_t K) {
-    for (int64_t r = 0; r < N && dx; r++)
-        for (int64_t k = 0; k < K; k++) {
-            double acc = 0.0;
-            for (int64_t f = 0; f < F; f++)
-                acc += (double)dout[r * F + f] * w[f * K + k];
-            dx[r * K + k] += (float)acc;
-        }
-    for (int64_t f = 0; f < F; f++) {
-        for (int64_t k = 0; k < K && dw; k++) {
-            double acc = 0.0;
-            for (int64_t r = 0; r < N; r++)
-                acc += (double)dout[r * F + f] * x[r * K + k];
-            dw[f * K + k] += (float)acc;
-        }
-        if (db) {
-            double acc = 0.0;
-            for (int64_t r = 0; r < N; r++)
-                acc += dout[r * F + f];
-            db[f] += (float)acc;
-        }
-    }
-}
+/* ---- backward ---------------------------------------------------------------- */
 
 /* MLP backward.  Workspace (N,F) blocks:
  *   a1 = x w1^T + b1 (pre-activation)   up = x w3^T + b3 (gated)
@@ -282,12 +249,7 @@ void mha_mlp_backward_ref(float *dx, const mha_mlp_raw_grads *g, const float *do
 
 
 mha_status mha_mlp_backward_workspace_size(int64_t N, int64_t F, int gated, size_t *bytes) {
-    MHA_CHECK(bytes != NULL, MHA_ERR_NULL, "mlp: NULL bytes");
-    MHA_CHECK(N >= 0 && F >= 0, MHA_ERR_SHAPE, "mlp: negative size");
-    int64_t n = mha_mlp_backward_floats(N, F, gated != 0);
-    MHA_CHECK(n >= 0 && !mha_size_mul_overflows((size_t)n, sizeof(float), bytes),
-              MHA_ERR_OVERFLOW, "mlp: workspace size overflows");
-    return MHA_OK;
+    return workspace_bytes(N, F, gated, mha_mlp_backward_floats, bytes);
 }
 
 /* A gradient of the same shape as its weight (or NULL / weight NULL). */
@@ -317,11 +279,7 @@ mha_status mha_mlp_backward(mha_tensor *dx, const mha_mlp_grads *grads, const mh
                             void *workspace, size_t workspace_bytes) {
     int64_t N, E;
     mha_mlp_raw m;
-    MHA_TRY(mha_runtime_check());
-    MHA_CHECK(act >= MHA_ACT_RELU && act <= MHA_ACT_SILU, MHA_ERR_VALUE,
-              "activation: unknown value %d", (int)act);
-    MHA_TRY(mha_rows_check(x, "x", -1, &N, &E));
-    MHA_TRY(mha_mlp_resolve(w, E, &m));
+    MHA_TRY(mlp_check(x, w, act, &N, &E, &m));
     MHA_TRY(mha_rows_check_out(dout, x, "dout", N, E, true));
     if (dx) {
         MHA_TRY(mha_rows_check_out(dx, x, "dx", N, E, false));

@@ -15,6 +15,7 @@
  *   5. out = attn W_O^T + b_O.
  */
 #include "internal.h"
+#include "layers.h"
 #include "multihead.h"
 #include "kernels/attention_bias.h"
 
@@ -45,18 +46,8 @@ static mha_status check_matrix(const mha_tensor *t, const char *name, int64_t ro
 /* A float32 vector of n elements stored contiguously, any leading 1-dims
  * ((E) or (1,1,E) for bias_k). */
 static mha_status check_vector(const mha_tensor *t, const char *name, int64_t n) {
-    char sb[MHA_SHAPE_BUF];
     MHA_CHECK(t != NULL, MHA_ERR_NULL, "%s: NULL tensor", name);
-    MHA_CHECK(t->ndim >= 1, MHA_ERR_SHAPE, "%s: scalar given, want (%lld)", name, (long long)n);
-    MHA_TRY(mha_check_tensor(t, name, t->ndim, MHA_F32));
-    for (int i = 0; i < t->ndim - 1; i++)
-        MHA_CHECK(t->shape[i] == 1, MHA_ERR_SHAPE, "%s: shape %s, want (%lld)", name,
-                  mha_shape_str(t, sb, sizeof sb), (long long)n);
-    MHA_CHECK(t->shape[t->ndim - 1] == n, MHA_ERR_SHAPE, "%s: shape %s, want (%lld)", name,
-              mha_shape_str(t, sb, sizeof sb), (long long)n);
-    MHA_CHECK(n <= 1 || t->stride[t->ndim - 1] == 1, MHA_ERR_SHAPE,
-              "%s: must be contiguous", name);
-    return MHA_OK;
+    return mha_vector_check(t, name, n); /* activation.c: the one vector check */
 }
 
 /* query/key/value: (B,N,width) or unbatched (N,width), rows contiguous. */
@@ -415,7 +406,10 @@ mha_status mha_multihead_forward_ws(mha_tensor *out, const mha_tensor *query,
     MHA_TRY(mha_workspace_get(workspace, (size_t)workspace_floats * sizeof(float), total,
                               "multihead", &ws, &owned));
     float *qkv = ws, *attn = ws + n_qkv, *per_head = n_w ? attn + n_attn : NULL;
-    const size_t scratch_at = (used + 15) / 16 * 16;
+    /* the kernel's scratch starts on a 64-byte line (its tiles need it),
+     * whatever the caller's workspace alignment: float-aligned suffices */
+    const uintptr_t line = ((uintptr_t)(ws + used) + 63) / 64 * 64;
+    const size_t scratch_at = (size_t)((float *)line - ws);
     if (ws_floats > scratch_at) {
         p.scratch = ws + scratch_at;
         p.scratch_bytes = (ws_floats - scratch_at) * sizeof(float);

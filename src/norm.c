@@ -46,17 +46,23 @@ void mha_layernorm_f32(float *y, const float *x, int64_t N, int64_t E, const flo
     }
 }
 
+/* The float64 mean and (biased) variance of row xr (E), two passes. */
+static void row_stats_ref(const float *xr, int64_t E, double *mean, double *var) {
+    double m = 0.0, v = 0.0;
+    for (int64_t c = 0; c < E; c++)
+        m += xr[c];
+    m /= (double)E;
+    for (int64_t c = 0; c < E; c++)
+        v += (xr[c] - m) * (xr[c] - m);
+    *mean = m, *var = v / (double)E;
+}
+
 void mha_layernorm_ref(float *y, const float *x, int64_t N, int64_t E, const float *w,
                        const float *b, float eps) {
     for (int64_t r = 0; r < N; r++) {
         const float *xr = x + r * E;
-        double mean = 0.0, var = 0.0;
-        for (int64_t c = 0; c < E; c++)
-            mean += xr[c];
-        mean /= (double)E;
-        for (int64_t c = 0; c < E; c++)
-            var += (xr[c] - mean) * (xr[c] - mean);
-        var /= (double)E;
+        double mean, var;
+        row_stats_ref(xr, E, &mean, &var);
         for (int64_t c = 0; c < E; c++) {
             double v = (xr[c] - mean) / sqrt(var + eps);
             y[r * E + c] = (float)(v * (w ? w[c] : 1.0) + (b ? b[c] : 0.0));
@@ -161,13 +167,8 @@ void mha_layernorm_backward_ref(float *dx, float *dw, float *db, const float *do
      * dy/dx_j = w * (delta_ij - 1/E) * rstd - w * xhat_i * xhat_j * rstd / E */
     for (int64_t r = 0; r < N; r++) {
         const float *xr = x + r * E, *dr = dout + r * E;
-        double mean = 0.0, var = 0.0;
-        for (int64_t c = 0; c < E; c++)
-            mean += xr[c];
-        mean /= (double)E;
-        for (int64_t c = 0; c < E; c++)
-            var += (xr[c] - mean) * (xr[c] - mean);
-        var /= (double)E;
+        double mean, var;
+        row_stats_ref(xr, E, &mean, &var);
         const double rstd = 1.0 / sqrt(var + eps);
         for (int64_t j = 0; j < E; j++) {
             double xj = (xr[j] - mean) * rstd, acc = 0.0;
@@ -239,18 +240,28 @@ static mha_status grad_rows(const mha_tensor *g, const mha_tensor *x, const char
     return mha_rows_check_out(g, x, name, N, E, false);
 }
 
+/* The checks of both norms' backward, in order: x (N,E) rows, dout, dx,
+ * weight, dweight, dbias (NULL for RMSNorm), eps (named by norm), aliasing. */
+static mha_status backward_check(const mha_tensor *dx, const mha_tensor *dweight,
+                                 const mha_tensor *dbias, const mha_tensor *dout,
+                                 const mha_tensor *x, const mha_tensor *weight, float eps,
+                                 const char *norm, int64_t *N, int64_t *E) {
+    MHA_TRY(mha_rows_check(x, "x", -1, N, E));
+    MHA_TRY(mha_rows_check_out(dout, x, "dout", *N, *E, true));
+    MHA_TRY(grad_rows(dx, x, "dx", *N, *E));
+    MHA_TRY(mha_vector_check(weight, "weight", *E));
+    MHA_TRY(mha_vector_check(dweight, "dweight", *E));
+    MHA_TRY(mha_vector_check(dbias, "dbias", *E));
+    MHA_TRY(check_eps(eps, norm));
+    MHA_CHECK(!dx || !mha_tensors_overlap(dx, dout), MHA_ERR_ALIAS, "dx: overlaps dout");
+    return MHA_OK;
+}
+
 mha_status mha_layernorm_backward(mha_tensor *dx, mha_tensor *dweight, mha_tensor *dbias,
                                   const mha_tensor *dout, const mha_tensor *x,
                                   const mha_tensor *weight, float eps) {
     int64_t N, E;
-    MHA_TRY(mha_rows_check(x, "x", -1, &N, &E));
-    MHA_TRY(mha_rows_check_out(dout, x, "dout", N, E, true));
-    MHA_TRY(grad_rows(dx, x, "dx", N, E));
-    MHA_TRY(mha_vector_check(weight, "weight", E));
-    MHA_TRY(mha_vector_check(dweight, "dweight", E));
-    MHA_TRY(mha_vector_check(dbias, "dbias", E));
-    MHA_TRY(check_eps(eps, "layernorm"));
-    MHA_CHECK(!dx || !mha_tensors_overlap(dx, dout), MHA_ERR_ALIAS, "dx: overlaps dout");
+    MHA_TRY(backward_check(dx, dweight, dbias, dout, x, weight, eps, "layernorm", &N, &E));
     mha_layernorm_backward_f32(dx ? dx->data : NULL, dweight ? dweight->data : NULL,
                                dbias ? dbias->data : NULL, dout->data, x->data,
                                mha_fdata(weight), N, E, eps);
@@ -260,13 +271,7 @@ mha_status mha_layernorm_backward(mha_tensor *dx, mha_tensor *dweight, mha_tenso
 mha_status mha_rmsnorm_backward(mha_tensor *dx, mha_tensor *dweight, const mha_tensor *dout,
                                 const mha_tensor *x, const mha_tensor *weight, float eps) {
     int64_t N, E;
-    MHA_TRY(mha_rows_check(x, "x", -1, &N, &E));
-    MHA_TRY(mha_rows_check_out(dout, x, "dout", N, E, true));
-    MHA_TRY(grad_rows(dx, x, "dx", N, E));
-    MHA_TRY(mha_vector_check(weight, "weight", E));
-    MHA_TRY(mha_vector_check(dweight, "dweight", E));
-    MHA_TRY(check_eps(eps, "rmsnorm"));
-    MHA_CHECK(!dx || !mha_tensors_overlap(dx, dout), MHA_ERR_ALIAS, "dx: overlaps dout");
+    MHA_TRY(backward_check(dx, dweight, NULL, dout, x, weight, eps, "rmsnorm", &N, &E));
     mha_rmsnorm_backward_f32(dx ? dx->data : NULL, dweight ? dweight->data : NULL, dout->data,
                              x->data, mha_fdata(weight), N, E, eps);
     return MHA_OK;

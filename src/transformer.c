@@ -88,19 +88,36 @@ mha_status mha_layer_seq_dims(const mha_tensor *x, const mha_tensor *memory, int
     return MHA_OK;
 }
 
-/* Fills p from a layer's attention modules (ca NULL for the encoder), its MLP
- * and its norms (norm1.weight, norm1.bias, ... in block order), checked
- * against width E in that order. */
-static mha_status parts_fill(mha_layer_parts *p, int64_t E, const mha_multihead_weights *sa,
-                             const mha_multihead_weights *ca, const mha_mlp_weights *mlp,
-                             const mha_tensor *const *norms) {
-    char name[32];
-    MHA_TRY(mha_mlp_resolve(mlp, E, &p->mlp));
+/* Lays out p's blocks from a layer's attention modules (ca NULL for the
+ * encoder) and its norms (norm1.weight, norm1.bias, ... in block order). */
+static void blocks_fill(mha_layer_parts *p, const mha_multihead_weights *sa,
+                        const mha_multihead_weights *ca, const mha_tensor *const *norms) {
     p->n = ca ? 3 : 2;
     p->block[0] = (mha_layer_block){sa, false, norms[0], norms[1]};
     if (ca)
         p->block[1] = (mha_layer_block){ca, true, norms[2], norms[3]};
     p->block[p->n - 1] = (mha_layer_block){NULL, false, norms[2 * p->n - 2], norms[2 * p->n - 1]};
+}
+
+void mha_layer_blocks_encoder(const mha_encoder_layer_weights *w, mha_layer_parts *p) {
+    const mha_tensor *norms[] = {w->norm1_weight, w->norm1_bias, w->norm2_weight, w->norm2_bias};
+    blocks_fill(p, &w->self_attn, NULL, norms);
+}
+
+void mha_layer_blocks_decoder(const mha_decoder_layer_weights *w, mha_layer_parts *p) {
+    const mha_tensor *norms[] = {w->norm1_weight, w->norm1_bias, w->norm2_weight,
+                                 w->norm2_bias,   w->norm3_weight, w->norm3_bias};
+    blocks_fill(p, &w->self_attn, &w->multihead_attn, norms);
+}
+
+/* Checks the MLP linear1, linear2 (filling p->mlp), then the norms of p's
+ * blocks, against width E. */
+static mha_status parts_check(mha_layer_parts *p, int64_t E, const mha_tensor *l1w,
+                              const mha_tensor *l1b, const mha_tensor *l2w,
+                              const mha_tensor *l2b) {
+    char name[32];
+    const mha_mlp_weights m = {l1w, l1b, l2w, l2b, NULL, NULL};
+    MHA_TRY(mha_mlp_resolve(&m, E, &p->mlp));
     for (int k = 0; k < p->n; k++) {
         snprintf(name, sizeof name, "norm%d.weight", k + 1);
         MHA_TRY(mha_vector_check(p->block[k].norm_weight, name, E));
@@ -113,20 +130,27 @@ static mha_status parts_fill(mha_layer_parts *p, int64_t E, const mha_multihead_
 mha_status mha_layer_parts_encoder(const mha_encoder_layer_weights *w, int64_t E,
                                    mha_layer_parts *p) {
     MHA_CHECK(w != NULL, MHA_ERR_NULL, "encoder: NULL layer weights");
-    mha_mlp_weights m = {w->linear1_weight, w->linear1_bias, w->linear2_weight, w->linear2_bias,
-                         NULL, NULL};
-    const mha_tensor *norms[] = {w->norm1_weight, w->norm1_bias, w->norm2_weight, w->norm2_bias};
-    return parts_fill(p, E, &w->self_attn, NULL, &m, norms);
+    mha_layer_blocks_encoder(w, p);
+    return parts_check(p, E, w->linear1_weight, w->linear1_bias, w->linear2_weight,
+                       w->linear2_bias);
 }
 
 mha_status mha_layer_parts_decoder(const mha_decoder_layer_weights *w, int64_t E,
                                    mha_layer_parts *p) {
     MHA_CHECK(w != NULL, MHA_ERR_NULL, "decoder: NULL layer weights");
-    mha_mlp_weights m = {w->linear1_weight, w->linear1_bias, w->linear2_weight, w->linear2_bias,
-                         NULL, NULL};
-    const mha_tensor *norms[] = {w->norm1_weight, w->norm1_bias, w->norm2_weight,
-                                 w->norm2_bias,   w->norm3_weight, w->norm3_bias};
-    return parts_fill(p, E, &w->self_attn, &w->multihead_attn, &m, norms);
+    mha_layer_blocks_decoder(w, p);
+    return parts_check(p, E, w->linear1_weight, w->linear1_bias, w->linear2_weight,
+                       w->linear2_bias);
+}
+
+mha_layer_stack mha_layer_stack_encoder(const mha_encoder_weights *w) {
+    return (mha_layer_stack){w->num_layers, w->layers, NULL, w->final_norm, w->norm_weight,
+                             w->norm_bias};
+}
+
+mha_layer_stack mha_layer_stack_decoder(const mha_decoder_weights *w) {
+    return (mha_layer_stack){w->num_layers, NULL, w->layers, w->final_norm, w->norm_weight,
+                             w->norm_bias};
 }
 
 mha_status mha_layer_stack_parts(const mha_layer_stack *s, int64_t l, int64_t E,
@@ -157,6 +181,18 @@ mha_status mha_layer_stack_check_norm(const mha_layer_stack *s, int64_t E) {
 
 /* Streams: 16 per layer; attention dropout seeds differ per layer and module. */
 uint64_t mha_layer_stream(int64_t layer, int k) { return (uint64_t)layer * 16u + (uint64_t)k; }
+
+bool mha_layer_dropping(const mha_layer_options *opt) {
+    return opt->training && opt->dropout_p > 0.0f;
+}
+
+void mha_layer_residual(float *o, const float *base, float *t, int64_t n,
+                        const mha_layer_options *opt, uint64_t stream) {
+    if (mha_layer_dropping(opt))
+        mha_dropout_f32(t, t, n, opt->dropout_p, opt->seed, stream);
+    for (int64_t i = 0; i < n; i++)
+        o[i] = base[i] + t[i];
+}
 
 int mha_layer_residual_stream(const mha_layer_parts *p, int k) {
     return p->block[k].attn ? k : k + 1;
@@ -275,8 +311,6 @@ static mha_status run_begin(layer_run *r, const mha_tensor *x, const mha_tensor 
     return MHA_OK;
 }
 
-static bool dropping(const layer_run *r) { return r->opt->training && r->opt->dropout_p > 0.0f; }
-
 /* t = block b's attention of q over kv (q itself, or memory). */
 static mha_status attention(layer_run *r, const mha_tensor *q, const mha_tensor *kv,
                             const mha_layer_block *b, int64_t layer) {
@@ -288,12 +322,7 @@ static mha_status attention(layer_run *r, const mha_tensor *q, const mha_tensor 
 
 /* o = base + drop(t): the residual, with the sublayer's dropout. */
 static void residual(layer_run *r, float *o, const float *base, int64_t layer, int k) {
-    float *t = r->t.data;
-    const int64_t n = r->N * r->E;
-    if (dropping(r))
-        mha_dropout_f32(t, t, n, r->opt->dropout_p, r->opt->seed, mha_layer_stream(layer, k));
-    for (int64_t i = 0; i < n; i++)
-        o[i] = base[i] + t[i];
+    mha_layer_residual(o, base, r->t.data, r->N * r->E, r->opt, mha_layer_stream(layer, k));
 }
 
 static void norm(const layer_run *r, float *y, const float *x, const mha_tensor *w,
@@ -304,7 +333,8 @@ static void norm(const layer_run *r, float *y, const float *x, const mha_tensor 
 static void feed_forward(layer_run *r, const float *x, const mha_mlp_raw *mlp, int64_t layer,
                          int k) {
     mha_mlp_f32(r->t.data, x, r->N, mlp, r->opt->activation, r->ws + r->plan.h,
-                dropping(r) ? r->opt->dropout_p : 0.0f, r->opt->seed, mha_layer_stream(layer, k));
+                mha_layer_dropping(r->opt) ? r->opt->dropout_p : 0.0f, r->opt->seed,
+                mha_layer_stream(layer, k));
 }
 
 /* ---- one layer, block by block (in place on o, which holds the layer
@@ -397,8 +427,7 @@ mha_status mha_encoder_forward(mha_tensor *out, const mha_tensor *src, const mha
     MHA_CHECK(w != NULL && w->layers != NULL, MHA_ERR_NULL, "encoder: NULL weights");
     MHA_CHECK(w->num_layers >= 1, MHA_ERR_VALUE, "encoder: num_layers %lld, want >= 1",
               (long long)w->num_layers);
-    const mha_layer_stack s = {w->num_layers, w->layers, NULL, w->final_norm, w->norm_weight,
-                               w->norm_bias};
+    const mha_layer_stack s = mha_layer_stack_encoder(w);
     return stack_forward(out, src, NULL, &s, masks, opt, workspace, workspace_bytes);
 }
 
@@ -411,7 +440,6 @@ mha_status mha_decoder_forward(mha_tensor *out, const mha_tensor *tgt, const mha
     MHA_CHECK(memory != NULL, MHA_ERR_NULL, "memory: NULL tensor");
     MHA_CHECK(w->num_layers >= 1, MHA_ERR_VALUE, "decoder: num_layers %lld, want >= 1",
               (long long)w->num_layers);
-    const mha_layer_stack s = {w->num_layers, NULL, w->layers, w->final_norm, w->norm_weight,
-                               w->norm_bias};
+    const mha_layer_stack s = mha_layer_stack_decoder(w);
     return stack_forward(out, tgt, memory, &s, masks, opt, workspace, workspace_bytes);
 }

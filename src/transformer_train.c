@@ -154,10 +154,6 @@ static mha_status train_begin(train_run *r, const mha_tensor *x, const mha_tenso
 static float *S_(const train_run *r, int i) { return r->saved + r->plan.s[i]; }
 static float *G_(const train_run *r, int i) { return r->ws + r->plan.g[i]; }
 
-static bool tr_dropping(const train_run *r) {
-    return r->opt->training && r->opt->dropout_p > 0.0f;
-}
-
 static uint64_t tr_stream(const train_run *r, int k) { return mha_layer_stream(r->layer, k); }
 
 /* Block b's attention module: its saved state (offset, floats). */
@@ -180,12 +176,7 @@ static mha_status tr_attention(train_run *r, const mha_tensor *q, const mha_tens
 
 /* o = base + drop(t), dropout stream k. */
 static void tr_residual(train_run *r, float *o, const float *base, int k) {
-    float *t = r->ws + r->plan.t;
-    const int64_t n = r->N * r->E;
-    if (tr_dropping(r))
-        mha_dropout_f32(t, t, n, r->opt->dropout_p, r->opt->seed, tr_stream(r, k));
-    for (int64_t i = 0; i < n; i++)
-        o[i] = base[i] + t[i];
+    mha_layer_residual(o, base, r->ws + r->plan.t, r->N * r->E, r->opt, tr_stream(r, k));
 }
 
 static void tr_norm(const train_run *r, float *y, const float *x, const mha_tensor *w,
@@ -195,7 +186,8 @@ static void tr_norm(const train_run *r, float *y, const float *x, const mha_tens
 
 static void tr_ff(train_run *r, const float *x, const mha_mlp_raw *mlp, int k) {
     mha_mlp_f32(r->ws + r->plan.t, x, r->N, mlp, r->opt->activation, r->ws + r->plan.mlp,
-                tr_dropping(r) ? r->opt->dropout_p : 0.0f, r->opt->seed, tr_stream(r, k));
+                mha_layer_dropping(r->opt) ? r->opt->dropout_p : 0.0f, r->opt->seed,
+                tr_stream(r, k));
 }
 
 /* ---- backward helpers: gradients accumulate ----------------------------------- */
@@ -214,7 +206,7 @@ static void add_into(const train_run *r, float *dx, const float *g) {
 /* g += drop'(d) of stream k (g += d when not dropping). */
 static void drop_bwd(const train_run *r, float *g, const float *d, int k) {
     const int64_t n = r->N * r->E;
-    if (tr_dropping(r))
+    if (mha_layer_dropping(r->opt))
         mha_dropout_backward_f32(g, d, n, r->opt->dropout_p, r->opt->seed, tr_stream(r, k));
     else
         for (int64_t i = 0; i < n; i++)
@@ -230,7 +222,7 @@ static void norm_bwd(const train_run *r, float *dx, mha_tensor *dw, mha_tensor *
 static void ff_bwd(train_run *r, float *dx, const mha_mlp_raw_grads *g, const float *dout,
                    const float *x, const mha_mlp_raw *mlp, int k) {
     mha_mlp_backward_f32(dx, g, dout, x, r->N, mlp, r->opt->activation, r->ws + r->plan.mlp,
-                         tr_dropping(r) ? r->opt->dropout_p : 0.0f, r->opt->seed,
+                         mha_layer_dropping(r->opt) ? r->opt->dropout_p : 0.0f, r->opt->seed,
                          tr_stream(r, k));
 }
 
@@ -741,8 +733,7 @@ mha_status mha_encoder_forward_train(mha_tensor *out, void *saved, size_t saved_
                                      void *workspace, size_t workspace_bytes) {
     MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     MHA_CHECK(w != NULL && w->layers != NULL, MHA_ERR_NULL, "encoder: NULL weights");
-    const mha_layer_stack s = {w->num_layers, w->layers, NULL, w->final_norm, w->norm_weight,
-                               w->norm_bias};
+    const mha_layer_stack s = mha_layer_stack_encoder(w);
     return stack_forward_train(out, saved, saved_bytes, src, NULL, &s, masks, opt, workspace,
                                workspace_bytes);
 }
@@ -755,8 +746,7 @@ mha_status mha_decoder_forward_train(mha_tensor *out, void *saved, size_t saved_
     MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     MHA_CHECK(w != NULL && w->layers != NULL, MHA_ERR_NULL, "decoder: NULL weights");
     MHA_CHECK(memory != NULL, MHA_ERR_NULL, "memory: NULL tensor");
-    const mha_layer_stack s = {w->num_layers, NULL, w->layers, w->final_norm, w->norm_weight,
-                               w->norm_bias};
+    const mha_layer_stack s = mha_layer_stack_decoder(w);
     return stack_forward_train(out, saved, saved_bytes, tgt, memory, &s, masks, opt, workspace,
                                workspace_bytes);
 }
@@ -768,8 +758,7 @@ mha_status mha_encoder_backward(mha_tensor *dsrc, const mha_encoder_grads *grads
                                 void *workspace, size_t workspace_bytes) {
     MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     MHA_CHECK(w != NULL && w->layers != NULL, MHA_ERR_NULL, "encoder: NULL weights");
-    const mha_layer_stack s = {w->num_layers, w->layers, NULL, w->final_norm, w->norm_weight,
-                               w->norm_bias};
+    const mha_layer_stack s = mha_layer_stack_encoder(w);
     const stack_grads g = {grads ? grads->layers : NULL, NULL, grads ? grads->norm_weight : NULL,
                            grads ? grads->norm_bias : NULL};
     return stack_backward(dsrc, NULL, &g, dout, saved, saved_bytes, src, NULL, &s, masks, opt,
@@ -785,8 +774,7 @@ mha_status mha_decoder_backward(mha_tensor *dtgt, mha_tensor *dmemory,
     MHA_OPTIONS_DEFAULT(mha_layer_options, opt);
     MHA_CHECK(w != NULL && w->layers != NULL, MHA_ERR_NULL, "decoder: NULL weights");
     MHA_CHECK(memory != NULL, MHA_ERR_NULL, "memory: NULL tensor");
-    const mha_layer_stack s = {w->num_layers, NULL, w->layers, w->final_norm, w->norm_weight,
-                               w->norm_bias};
+    const mha_layer_stack s = mha_layer_stack_decoder(w);
     const stack_grads g = {NULL, grads ? grads->layers : NULL, grads ? grads->norm_weight : NULL,
                            grads ? grads->norm_bias : NULL};
     return stack_backward(dtgt, dmemory, &g, dout, saved, saved_bytes, tgt, memory, &s, masks,

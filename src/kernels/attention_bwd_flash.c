@@ -36,9 +36,6 @@
 #include <math.h>
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 /* ---- row statistics -------------------------------------------------------- */
 
@@ -122,10 +119,7 @@ mha_status mha_attn_row_stats(const mha_attn_problem *p, const mha_attn_grad *g,
                          per * (size_t)nthreads);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
+        const int tid = mha_thread_index();
         int64_t i = r % p->L, h = (r / p->L) % p->Hq, b = r / (p->L * p->Hq);
         row_stats(p, g, b, h, i, scratch + (size_t)tid * per, lse + r, delta ? delta + r : NULL);
     }
@@ -554,10 +548,7 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < ntiles; t++)
             pack_tile(&c, t / c.ntile, t % c.ntile);
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
+        const int tid = mha_thread_index();
         bwd_ws w;
         ws_layout(&c, scratch + (size_t)tid * per, &w);
 #pragma omp for schedule(dynamic, 1)

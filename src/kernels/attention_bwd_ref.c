@@ -20,9 +20,6 @@
 #include <math.h>
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 /* Scratch of one pair: rows (S) P, dS, T (softcap derivative), dk (S,d),
  * dv (S,dv), dq (d). */
@@ -150,10 +147,7 @@ mha_status mha_attn_bwd_f32_ref(const mha_attn_problem *p, const mha_attn_grad *
                          per * (size_t)nthreads);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t r = 0; r < pairs; r++) {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
+        const int tid = mha_thread_index();
         pair_backward(p, g, r / p->Hkv, r % p->Hkv, scratch + (size_t)tid * per);
     }
     mha_free(scratch);

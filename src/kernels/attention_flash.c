@@ -36,9 +36,6 @@
 #include <string.h>
 #include <time.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 enum { MR = MHA_FLASH_MR, NR = MHA_FLASH_NR, BR = MHA_FLASH_BR, BC = MHA_FLASH_BC };
 
@@ -523,10 +520,7 @@ mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *is
 
 #pragma omp parallel num_threads(nthreads)
     {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
+        const int tid = mha_thread_index();
         flash_ws w;
         ws_layout(&pl, wsbase + (size_t)tid * pl.ws_floats, &w);
         for (int64_t c0 = 0; c0 < pairs; c0 += chunk) {

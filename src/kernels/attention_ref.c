@@ -14,9 +14,6 @@
 
 #include <math.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 /* One query row: o_row (dv), w_row (S) or NULL; scores (S) is scratch. */
 static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t i,
@@ -148,10 +145,7 @@ mha_status mha_attn_fwd_f32_ref(const mha_attn_problem *p) {
                          (long long)p->S * nthreads);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
+        const int tid = mha_thread_index();
         int64_t i = r % p->L, h = (r / p->L) % p->Hq, b = r / (p->L * p->Hq);
         attend_row(p, b, h, i, scratch + (size_t)tid * (size_t)(p->S > 0 ? p->S : 1));
     }

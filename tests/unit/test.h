@@ -121,4 +121,11 @@ void test_alloc_failures(const char *name, mha_status (*call)(void));
 /* Path of a fixture under tests/fixtures (MHA_FIXTURES overrides). */
 const char *test_fixture_root(void);
 
+/* The whole file at path, NUL-terminated (*len its size; len may be NULL),
+ * or NULL; free() it. */
+char *test_slurp(const char *path, size_t *len);
+
+/* Occurrences of needle in s (overlapping ones too). */
+int test_count(const char *s, const char *needle);
+
 #endif

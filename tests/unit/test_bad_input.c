@@ -668,12 +668,14 @@ TEST(bad_input_null_pointers_sdpa_tensor_files) {
                MHA_ERR_NULL, NULL);
     EXPECT_ERR("npy", "mha_npy_load_any(NULL path)", mha_npy_load_any(&t, &fd, NULL, 0),
                MHA_ERR_NULL, NULL);
-    EXPECT_ERR("npy", "mha_npy_load_any(path, 0, NULL out)", mha_npy_load_any(NULL, &fd, path, 0),
+    EXPECT_ERR("npy", "mha_npy_load_any(NULL out, fd, path, 0)",
+               mha_npy_load_any(NULL, &fd, path, 0),
                MHA_ERR_NULL, NULL);
     mha_tensor_init(&t, MHA_F32, (float[4]){0}, 1, (int64_t[]){4});
     EXPECT_ERR("npy", "mha_npy_save(NULL path)", mha_npy_save(&t, NULL, MHA_F32), MHA_ERR_NULL,
                NULL);
-    EXPECT_ERR("npy", "mha_npy_save(path, NULL tensor)", mha_npy_save(NULL, "/tmp/x.npy", MHA_F32),
+    EXPECT_ERR("npy", "mha_npy_save(NULL tensor, path, as)",
+               mha_npy_save(NULL, "/tmp/x.npy", MHA_F32),
                MHA_ERR_NULL, NULL);
     mha_tensor nodata = t;
     nodata.data = NULL;

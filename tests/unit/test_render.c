@@ -30,33 +30,6 @@ static char *tmp_path(char *buf, size_t n, const char *ext) {
     return buf;
 }
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
-        free(s);
-        s = NULL;
-    }
-    fclose(f);
-    if (s) {
-        s[n] = 0;
-        *len = (size_t)n;
-    }
-    return s;
-}
-
-static int count_of(const char *s, const char *needle) {
-    int n = 0;
-    for (const char *p = strstr(s, needle); p; p = strstr(p + 1, needle))
-        n++;
-    return n;
-}
-
 /* A small XML well-formedness check: balanced, properly nested tags with
  * matching names, quoted attribute values without raw '<' or '&', only the
  * five predefined or numeric entities in text, one root element. */
@@ -185,15 +158,15 @@ TEST(render_svg_one_cell_per_weight_with_labels) {
     char path[128], err[256] = "";
     REQUIRE(render_svg_write(&m, tmp_path(path, sizeof path, "svg"), err, sizeof err) == RENDER_OK);
     size_t len;
-    char *s = slurp(path, &len);
+    char *s = test_slurp(path, &len);
     remove(path);
     REQUIRE(s);
     char why[160] = "";
     if (!xml_well_formed(s, why, sizeof why))
         test_fail(__FILE__, __LINE__, "SVG not well-formed: %s", why);
     CHECK(render_panel_count(&m) == H + 1);
-    CHECK(count_of(s, "<rect class=\"cell\"") == (H + 1) * L * S);
-    CHECK(count_of(s, "data-w=") == (H + 1) * L * S);
+    CHECK(test_count(s, "<rect class=\"cell\"") == (H + 1) * L * S);
+    CHECK(test_count(s, "data-w=") == (H + 1) * L * S);
     /* the one-hot weights and the average's 1/H where heads disagree */
     CHECK(strstr(s, "data-p=\"0\" data-i=\"1\" data-j=\"1\" data-w=\"1\""));
     CHECK(strstr(s, "data-p=\"0\" data-i=\"1\" data-j=\"2\" data-w=\"0\""));
@@ -214,12 +187,12 @@ TEST(render_svg_single_head_has_no_average_and_index_labels) {
     char path[128], err[256] = "";
     REQUIRE(render_svg_write(&m, tmp_path(path, sizeof path, "svg"), err, sizeof err) == RENDER_OK);
     size_t len;
-    char *s = slurp(path, &len);
+    char *s = test_slurp(path, &len);
     remove(path);
     REQUIRE(s);
     char why[160] = "";
     CHECK(xml_well_formed(s, why, sizeof why));
-    CHECK(count_of(s, "<rect class=\"cell\"") == 6);
+    CHECK(test_count(s, "<rect class=\"cell\"") == 6);
     CHECK(!strstr(s, "average"));
     CHECK(strstr(s, "data-i=\"0\" data-j=\"1\" data-w=\"0.25\""));
     free(s);

@@ -11,27 +11,17 @@
 
 #include <unistd.h>
 
-static char *slurp_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n)
-        free(s), s = NULL;
-    if (s)
-        s[n] = 0;
-    fclose(f);
-    return s;
+/* A fresh mkdtemp folder in dir and path = dir/name; false when none. */
+static bool temp_file(char *dir, char *path, size_t n, const char *name) {
+    if (!mkdtemp(dir))
+        return false;
+    snprintf(path, n, "%s/%s", dir, name);
+    return true;
 }
 
-static int count(const char *s, const char *needle) {
-    int n = 0;
-    for (const char *p = strstr(s, needle); p; p = strstr(p + 1, needle))
-        n++;
-    return n;
+static void temp_done(const char *dir, const char *path) {
+    unlink(path);
+    rmdir(dir);
 }
 
 /* The points of the polyline whose data-name is name: its "x,y" pairs. */
@@ -62,12 +52,11 @@ static render_plot sample(render_series *s) {
 
 TEST(render_plot_svg_has_the_series_ticks_and_labels) {
     char dir[] = "/tmp/mha-test-plot-XXXXXX", path[64], err[256] = "";
-    REQUIRE(mkdtemp(dir) != NULL);
-    snprintf(path, sizeof path, "%s/loss.svg", dir);
+    REQUIRE(temp_file(dir, path, sizeof path, "loss.svg"));
     render_series s[2];
     render_plot p = sample(s);
     CHECK(render_plot_svg_write(&p, path, err, sizeof err) == RENDER_OK);
-    char *svg = slurp_file(path);
+    char *svg = test_slurp(path, NULL);
     REQUIRE(svg != NULL);
     CHECK(strstr(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\"") != NULL);
     CHECK(strstr(svg, ">loss &amp; curve</text>") != NULL);
@@ -75,16 +64,15 @@ TEST(render_plot_svg_has_the_series_ticks_and_labels) {
     CHECK(strstr(svg, ">cross-entropy loss</text>") != NULL);
     CHECK(strstr(svg, ">per &lt;step&gt;</text>") != NULL);
     CHECK(strstr(svg, ">running mean</text>") != NULL);
-    CHECK(count(svg, "<polyline") == 2);
+    CHECK(test_count(svg, "<polyline") == 2);
     CHECK(polyline_points(svg, "per &lt;step&gt;") == N - 1); /* the NaN is skipped */
     CHECK(polyline_points(svg, "running mean") == N);
-    CHECK(count(svg, "stroke=\"#ddd\"") == 5); /* grid lines */
+    CHECK(test_count(svg, "stroke=\"#ddd\"") == 5); /* grid lines */
     CHECK(strstr(svg, ">2.5</text>") != NULL);  /* the top tick: the largest value */
     CHECK(strstr(svg, ">1</text>") != NULL && strstr(svg, ">9</text>") != NULL); /* x ends */
     CHECK(strstr(svg, "</svg>\n") != NULL);
     free(svg);
-    unlink(path);
-    rmdir(dir);
+    temp_done(dir, path);
 }
 
 TEST(render_plot_raster_draws_every_series) {
@@ -109,8 +97,7 @@ TEST(render_plot_raster_draws_every_series) {
 
 TEST(render_plot_png_is_a_png) {
     char dir[] = "/tmp/mha-test-plot-XXXXXX", path[64], err[256] = "";
-    REQUIRE(mkdtemp(dir) != NULL);
-    snprintf(path, sizeof path, "%s/loss.png", dir);
+    REQUIRE(temp_file(dir, path, sizeof path, "loss.png"));
     render_series s[2];
     render_plot p = sample(s);
     render_status st = render_plot_png_write(&p, path, err, sizeof err);
@@ -125,8 +112,7 @@ TEST(render_plot_png_is_a_png) {
     CHECK(f && fread(sig, 1, 8, f) == 8 && memcmp(sig, "\x89PNG\r\n\x1a\n", 8) == 0);
     if (f)
         fclose(f);
-    unlink(path);
-    rmdir(dir);
+    temp_done(dir, path);
 }
 
 TEST(render_plot_refuses_bad_plots) {

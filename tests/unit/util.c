@@ -121,3 +121,31 @@ void test_alloc_failures(const char *name, mha_status (*call)(void)) {
     if (points == 0)
         test_fail(__FILE__, __LINE__, "%s: no allocation failure was injected", name);
 }
+
+char *test_slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
+        free(s);
+        s = NULL;
+    }
+    fclose(f);
+    if (s) {
+        s[n] = 0;
+        if (len)
+            *len = (size_t)n;
+    }
+    return s;
+}
+
+int test_count(const char *s, const char *needle) {
+    int n = 0;
+    for (const char *p = strstr(s, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}

@@ -45,6 +45,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #ifdef MHA_HAVE_CJSON
 #include <cjson/cJSON.h>
 #endif
@@ -56,6 +60,9 @@
 /* Tokens per packed group: GEMMs of this many rows keep the cores busy and
  * the workspace (4D + F floats per token, 12 MiB for MiniLM) small. */
 #define BERT_GROUP_TOKENS 1024
+/* The smallest group worth a thread of its own (GEMMs of 128 rows still run
+ * at the kernel's full rate). */
+#define BERT_MIN_GROUP 128
 
 typedef struct bert_layer {
     const float *q_w, *q_b, *k_w, *k_b, *v_w, *v_b;  /* (D,D), (D)        */
@@ -585,25 +592,38 @@ static mha_status attend(float *ctx, int64_t ld_ctx, const float *qkv, int64_t L
     return mha_sdpa_forward(&o, &q, &k, &v, &opt);
 }
 
-/* The workspace for T tokens: x (T,D), qkv (T,3D) (later the residual
- * branch), h (T,max(F,D)) (during attention the context). */
-static mha_status workspace(mha_bert *m, int64_t T, float **x, float **qkv, float **h) {
+/* Room for `tokens` tokens of workspace, (4D + max(F,D)) floats each. */
+static mha_status workspace_reserve(mha_bert *m, int64_t tokens) {
     const int64_t D = m->info.hidden, F = m->info.intermediate;
     const int64_t per = 4 * D + (F > D ? F : D);
-    if (T > m->ws_tokens) {
+    if (tokens > m->ws_tokens) {
         size_t bytes;
-        MHA_CHECK(!mha_size_mul_overflows((size_t)T, (size_t)per * sizeof(float), &bytes),
+        MHA_CHECK(!mha_size_mul_overflows((size_t)tokens, (size_t)per * sizeof(float), &bytes),
                   MHA_ERR_OVERFLOW, "workspace size overflows");
         float *ws = mha_malloc(bytes);
         MHA_CHECK(ws, MHA_ERR_NOMEM, "mha_bert: no memory for a %lld-token workspace",
-                  (long long)T);
+                  (long long)tokens);
         mha_free(m->ws);
         m->ws = ws;
-        m->ws_tokens = T;
+        m->ws_tokens = tokens;
     }
-    *x = m->ws;
+    return MHA_OK;
+}
+
+/* Slot `slot` of a reserved workspace of slots of T tokens: x (T,D), qkv
+ * (T,3D), h (T,max(F,D)) (during attention the context). */
+static void workspace_slot(const mha_bert *m, int64_t T, int64_t slot, float **x, float **qkv,
+                           float **h) {
+    const int64_t D = m->info.hidden, F = m->info.intermediate;
+    *x = m->ws + slot * T * (4 * D + (F > D ? F : D));
     *qkv = *x + T * D;
     *h = *qkv + T * 3 * D;
+}
+
+/* One text's buffers for mha_bert_hidden / mha_bert_attention. */
+static mha_status workspace(mha_bert *m, int64_t T, float **x, float **qkv, float **h) {
+    MHA_TRY(workspace_reserve(m, T));
+    workspace_slot(m, T, 0, x, qkv, h);
     return MHA_OK;
 }
 
@@ -720,25 +740,65 @@ mha_status mha_bert_embed(mha_bert *model, mha_tensor *out, const int32_t *ids,
               (long long)model->info.hidden);
     MHA_TRY(mha_check_writable(out, "out"));
     MHA_TRY(check_ids(model, ids, offsets, n));
-    const int64_t D = model->info.hidden;
+    const int64_t D = model->info.hidden, T = offsets[n];
     const int64_t cap = BERT_GROUP_TOKENS > model->info.max_positions
                             ? BERT_GROUP_TOKENS
                             : model->info.max_positions;
-    float *x, *qkv, *h;
-    MHA_TRY(workspace(model, offsets[n] < cap ? offsets[n] : cap, &x, &qkv, &h));
-    /* groups of whole texts up to cap tokens; the grouping changes no bits */
-    for (int64_t i0 = 0; i0 < n;) {
+    /* Groups of whole texts, each encoded by one thread from start to end
+     * (no barrier between layers; row bits do not depend on the grouping
+     * nor on who computes it).  With several threads a group takes about
+     * T / (2 threads) tokens, so that every thread has work and a dynamic
+     * schedule evens them out; at most cap.  A call with one group runs
+     * it with every thread inside each GEMM instead. */
+    const int threads = mha_threads();
+    int64_t target = cap;
+    if (threads > 1 && T / (2 * threads) < target)
+        target = T / (2 * threads) > BERT_MIN_GROUP ? T / (2 * threads) : BERT_MIN_GROUP;
+    int64_t *group = mha_malloc(sizeof(int64_t) * (size_t)(n + 1));
+    MHA_CHECK(group, MHA_ERR_NOMEM, "mha_bert_embed: no memory");
+    int64_t groups = 0, longest = 0;
+    for (int64_t i0 = 0; i0 < n; groups++) {
         int64_t i1 = i0 + 1;
-        while (i1 < n && offsets[i1 + 1] - offsets[i0] <= cap)
+        while (i1 < n && offsets[i1 + 1] - offsets[i0] <= target)
             i1++;
-        MHA_TRY(encode(model, x, qkv, h, ids, offsets + i0, i1 - i0, model->info.layers, NULL));
-        for (int64_t i = i0; i < i1; i++) {
-            float *o = (float *)out->data + i * out->stride[0];
-            pool(&model->info, o, out->stride[1], x + (offsets[i] - offsets[i0]) * D,
-                 offsets[i + 1] - offsets[i]);
-        }
+        group[groups] = i0;
+        longest = offsets[i1] - offsets[i0] > longest ? offsets[i1] - offsets[i0] : longest;
         i0 = i1;
     }
+    group[groups] = n;
+    const int slots = groups < threads ? (int)groups : threads;
+    mha_status st = n > 0 ? workspace_reserve(model, slots * longest) : MHA_OK;
+    if (st != MHA_OK) {
+        mha_free(group);
+        return st;
+    }
+    if (n > 0) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (slots > 1)
+        for (int64_t g = 0; g < groups; g++) {
+            int slot = 0;
+#ifdef _OPENMP
+            slot = omp_get_thread_num();
+#endif
+            float *x, *qkv, *h;
+            workspace_slot(model, longest, slot, &x, &qkv, &h);
+            const int64_t i0 = group[g], i1 = group[g + 1];
+            mha_status gs = encode(model, x, qkv, h, ids, offsets + i0, i1 - i0,
+                                   model->info.layers, NULL);
+            if (gs != MHA_OK) {
+#pragma omp critical(mha_bert_group)
+                st = gs;
+                continue;
+            }
+            for (int64_t i = i0; i < i1; i++) {
+                float *o = (float *)out->data + i * out->stride[0];
+                pool(&model->info, o, out->stride[1], x + (offsets[i] - offsets[i0]) * D,
+                     offsets[i + 1] - offsets[i]);
+            }
+        }
+    }
+    mha_free(group);
+    /* a worker's message is thread-local: restate it here */
+    MHA_CHECK(st == MHA_OK, st, "mha_bert_embed: %s", mha_status_string(st));
     return MHA_OK;
 }
 

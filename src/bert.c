@@ -37,6 +37,7 @@
 #include "internal.h"
 #include "io/io.h"
 #include "kernels/gemm.h"
+#include "kernels/attention_short.h"
 #include "kernels/gemm_packed.h"
 
 #include <limits.h>
@@ -81,9 +82,16 @@ struct mha_bert {
     const float *emb_ln_w, *emb_ln_b;/* (D)                                 */
     bert_layer *layer;               /* [layers]                            */
     float *packed;                   /* every layer's packed products, or NULL */
-    float *ws;                       /* workspace, ws_tokens * (4D + F)     */
-    int64_t ws_tokens;
+    float *ws;                       /* workspace (workspace_reserve)        */
+    size_t ws_floats;
+    int64_t ws_slot_tokens, ws_slots;/* its current layout                  */
 };
+
+/* One group's buffers (workspace_slot): x (T,D), qkv (T,3D), h
+ * (T,max(F,D)), during attention the context. */
+typedef struct bert_ws {
+    float *x, *qkv, *h;
+} bert_ws;
 
 /* ---- reading the JSON files ---------------------------------------------- */
 
@@ -577,10 +585,20 @@ static mha_status product(const mha_bert *m, const bert_layer *w, bert_proj whic
 }
 
 /* One text's attention: ctx (L,D) rows ld_ctx apart from its q|k|v rows
- * (L,3D) of the packed buffer; weights (H,L,L) when not NULL. */
+ * (L,3D) of the packed buffer; weights (H,L,L) when not NULL (through
+ * mha_sdpa_forward).  Without weights, where the attention kernel is avx2
+ * and the head width suits it, the short-text kernel with `scratch`
+ * (attention_short.h); otherwise mha_sdpa_forward, which honours
+ * MHA_KERNEL. */
 static mha_status attend(float *ctx, int64_t ld_ctx, const float *qkv, int64_t L, int64_t D,
-                         int64_t H, mha_tensor *weights) {
+                         int64_t H, mha_tensor *weights, float *scratch) {
     const int64_t dh = D / H;
+    if (!weights && mha_kernel_resolve(MHA_KERNEL_AUTO) == MHA_KERNEL_AVX2 &&
+        mha_cpu_has_avx2_fma() && mha_attn_short_avx2_fits(dh)) {
+        mha_attn_short_f32_avx2(ctx, ld_ctx, qkv, qkv + D, qkv + 2 * D, 3 * D, L, H, dh,
+                                1.0f / sqrtf((float)dh), scratch);
+        return MHA_OK;
+    }
     mha_tensor q = {(void *)qkv, MHA_F32, 4, {1, H, L, dh}, {L * 3 * D, dh, 3 * D, 1}};
     mha_tensor k = q, v = q;
     k.data = (void *)(qkv + D);
@@ -592,39 +610,53 @@ static mha_status attend(float *ctx, int64_t ld_ctx, const float *qkv, int64_t L
     return mha_sdpa_forward(&o, &q, &k, &v, &opt);
 }
 
-/* Room for `tokens` tokens of workspace, (4D + max(F,D)) floats each. */
-static mha_status workspace_reserve(mha_bert *m, int64_t tokens) {
+/* THE WORKSPACE  slots of T tokens, one per group a thread encodes: x
+ * (T,D), qkv (T,3D), h (T,max(F,D)) (during attention the context); then
+ * one short-attention scratch (attention_short.h) per thread that can run
+ * attention at once. */
+static int64_t slot_floats(const mha_bert *m, int64_t T) {
     const int64_t D = m->info.hidden, F = m->info.intermediate;
-    const int64_t per = 4 * D + (F > D ? F : D);
-    if (tokens > m->ws_tokens) {
-        size_t bytes;
-        MHA_CHECK(!mha_size_mul_overflows((size_t)tokens, (size_t)per * sizeof(float), &bytes),
-                  MHA_ERR_OVERFLOW, "workspace size overflows");
+    return T * (4 * D + (F > D ? F : D));
+}
+static int64_t scratch_floats(const mha_bert *m) {
+    const int64_t f = mha_attn_short_ws_floats(m->info.max_positions,
+                                               m->info.hidden / m->info.heads);
+    return (f + 15) / 16 * 16; /* keeps each one 64-byte aligned */
+}
+
+/* Room for `slots` slots of T tokens and `scratches` attention scratches. */
+static mha_status workspace_reserve(mha_bert *m, int64_t slots, int64_t T, int64_t scratches) {
+    size_t a, b, floats, bytes;
+    MHA_CHECK(!mha_size_mul_overflows((size_t)slots, (size_t)slot_floats(m, T), &a) &&
+                  !mha_size_mul_overflows((size_t)scratches, (size_t)scratch_floats(m), &b) &&
+                  (floats = a + b) >= a && !mha_size_mul_overflows(floats, sizeof(float), &bytes),
+              MHA_ERR_OVERFLOW, "workspace size overflows");
+    if (floats > m->ws_floats) {
         float *ws = mha_malloc(bytes);
         MHA_CHECK(ws, MHA_ERR_NOMEM, "mha_bert: no memory for a %lld-token workspace",
-                  (long long)tokens);
+                  (long long)(slots * T));
         mha_free(m->ws);
         m->ws = ws;
-        m->ws_tokens = tokens;
+        m->ws_floats = floats;
     }
+    m->ws_slot_tokens = T;
+    m->ws_slots = slots;
     return MHA_OK;
 }
 
-/* Slot `slot` of a reserved workspace of slots of T tokens: x (T,D), qkv
- * (T,3D), h (T,max(F,D)) (during attention the context). */
-static void workspace_slot(const mha_bert *m, int64_t T, int64_t slot, float **x, float **qkv,
-                           float **h) {
-    const int64_t D = m->info.hidden, F = m->info.intermediate;
-    *x = m->ws + slot * T * (4 * D + (F > D ? F : D));
-    *qkv = *x + T * D;
-    *h = *qkv + T * 3 * D;
+/* Slot `slot`'s buffers of the reserved workspace. */
+static bert_ws workspace_slot(const mha_bert *m, int64_t slot) {
+    const int64_t D = m->info.hidden, T = m->ws_slot_tokens;
+    bert_ws w;
+    w.x = m->ws + slot * slot_floats(m, T);
+    w.qkv = w.x + T * D;
+    w.h = w.qkv + T * 3 * D;
+    return w;
 }
 
-/* One text's buffers for mha_bert_hidden / mha_bert_attention. */
-static mha_status workspace(mha_bert *m, int64_t T, float **x, float **qkv, float **h) {
-    MHA_TRY(workspace_reserve(m, T));
-    workspace_slot(m, T, 0, x, qkv, h);
-    return MHA_OK;
+/* Attention scratch number i of the reserved workspace. */
+static float *workspace_scratch(const mha_bert *m, int64_t i) {
+    return m->ws + m->ws_slots * slot_floats(m, m->ws_slot_tokens) + i * scratch_floats(m);
 }
 
 /* x (T,D) of a packed group of n texts = the embeddings' output. */
@@ -644,10 +676,13 @@ static void embed_tokens(const mha_bert *m, float *x, const int32_t *ids, const 
 }
 
 /* Runs the group's texts [off[0], off[n]) through encoder layers 0..stop-1
- * (their output in x); with weights (n = 1), layer `stop` computes its
- * attention probabilities into weights instead. */
-static mha_status encode(mha_bert *m, float *x, float *qkv, float *h, const int32_t *ids,
+ * (their output in ws->x); with weights (n = 1), layer `stop` computes its
+ * attention probabilities into weights instead.  worker >= 0: a thread of
+ * mha_bert_embed's group loop (attention serial, scratch `worker`); -1: the
+ * only group (attention over texts in parallel, scratch = thread). */
+static mha_status encode(mha_bert *m, const bert_ws *ws, int64_t worker, const int32_t *ids,
                          const int64_t *off, int64_t n, int64_t stop, mha_tensor *weights) {
+    float *x = ws->x, *qkv = ws->qkv, *h = ws->h;
     const mha_bert_info *c = &m->info;
     const int64_t D = c->hidden, H = c->heads, T = off[n] - off[0];
     const float eps = c->layer_norm_eps;
@@ -657,15 +692,23 @@ static mha_status encode(mha_bert *m, float *x, float *qkv, float *h, const int3
         const bert_layer *w = &m->layer[l];
         MHA_TRY(product(m, w, PROJ_QKV, qkv, x, T));
         if (weights && l == stop)
-            return attend(h, D, qkv, T, D, H, weights);
+            return attend(h, D, qkv, T, D, H, weights, NULL);
         /* texts across threads (one parallel region, not one per text: the
          * SDPA call inside runs single-threaded, nested); one text alone:
          * its heads across threads inside SDPA */
         mha_status failed = MHA_OK;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(mha_threads()) if (n > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(mha_threads()) if (n > 1 && worker < 0)
         for (int64_t i = 0; i < n; i++) {
             const int64_t o = off[i] - off[0], L = off[i + 1] - off[i];
-            mha_status st = attend(h + o * D, D, qkv + o * 3 * D, L, D, H, NULL);
+            int64_t scratch = worker;
+#ifdef _OPENMP
+            if (worker < 0)
+                scratch = omp_get_thread_num();
+#endif
+            if (scratch < 0)
+                scratch = 0;
+            mha_status st = attend(h + o * D, D, qkv + o * 3 * D, L, D, H, NULL,
+                                   workspace_scratch(m, scratch));
             if (st != MHA_OK) {
 #pragma omp critical(mha_bert_attend)
                 failed = st;
@@ -767,7 +810,7 @@ mha_status mha_bert_embed(mha_bert *model, mha_tensor *out, const int32_t *ids,
     }
     group[groups] = n;
     const int slots = groups < threads ? (int)groups : threads;
-    mha_status st = n > 0 ? workspace_reserve(model, slots * longest) : MHA_OK;
+    mha_status st = n > 0 ? workspace_reserve(model, slots, longest, threads) : MHA_OK;
     if (st != MHA_OK) {
         mha_free(group);
         return st;
@@ -779,10 +822,9 @@ mha_status mha_bert_embed(mha_bert *model, mha_tensor *out, const int32_t *ids,
 #ifdef _OPENMP
             slot = omp_get_thread_num();
 #endif
-            float *x, *qkv, *h;
-            workspace_slot(model, longest, slot, &x, &qkv, &h);
+            const bert_ws ws = workspace_slot(model, slot);
             const int64_t i0 = group[g], i1 = group[g + 1];
-            mha_status gs = encode(model, x, qkv, h, ids, offsets + i0, i1 - i0,
+            mha_status gs = encode(model, &ws, slots > 1 ? slot : -1, ids, offsets + i0, i1 - i0,
                                    model->info.layers, NULL);
             if (gs != MHA_OK) {
 #pragma omp critical(mha_bert_group)
@@ -791,7 +833,7 @@ mha_status mha_bert_embed(mha_bert *model, mha_tensor *out, const int32_t *ids,
             }
             for (int64_t i = i0; i < i1; i++) {
                 float *o = (float *)out->data + i * out->stride[0];
-                pool(&model->info, o, out->stride[1], x + (offsets[i] - offsets[i0]) * D,
+                pool(&model->info, o, out->stride[1], ws.x + (offsets[i] - offsets[i0]) * D,
                      offsets[i + 1] - offsets[i]);
             }
         }
@@ -815,12 +857,13 @@ mha_status mha_bert_hidden(mha_bert *model, mha_tensor *hidden, const int32_t *i
     MHA_TRY(mha_check_writable(hidden, "hidden"));
     const int64_t off[2] = {0, L};
     MHA_TRY(check_ids(model, ids, off, 1));
-    float *x, *qkv, *h;
-    MHA_TRY(workspace(model, L, &x, &qkv, &h));
-    MHA_TRY(encode(model, x, qkv, h, ids, off, 1, layer, NULL));
+    MHA_TRY(workspace_reserve(model, 1, L, 1));
+    const bert_ws ws = workspace_slot(model, 0);
+    MHA_TRY(encode(model, &ws, -1, ids, off, 1, layer, NULL));
     for (int64_t t = 0; t < L; t++)
         for (int64_t j = 0; j < D; j++)
-            ((float *)hidden->data)[t * hidden->stride[0] + j * hidden->stride[1]] = x[t * D + j];
+            ((float *)hidden->data)[t * hidden->stride[0] + j * hidden->stride[1]] =
+                ws.x[t * D + j];
     return MHA_OK;
 }
 
@@ -838,10 +881,10 @@ mha_status mha_bert_attention(mha_bert *model, mha_tensor *weights, const int32_
     MHA_TRY(mha_check_writable(weights, "weights"));
     const int64_t off[2] = {0, L};
     MHA_TRY(check_ids(model, ids, off, 1));
-    float *x, *qkv, *h;
-    MHA_TRY(workspace(model, L, &x, &qkv, &h));
+    MHA_TRY(workspace_reserve(model, 1, L, 1));
+    const bert_ws ws = workspace_slot(model, 0);
     mha_tensor w4 = {weights->data, MHA_F32, 4, {1, H, L, L},
                      {H * weights->stride[0], weights->stride[0], weights->stride[1],
                       weights->stride[2]}};
-    return encode(model, x, qkv, h, ids, off, 1, layer, &w4);
+    return encode(model, &ws, -1, ids, off, 1, layer, &w4);
 }

@@ -45,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -406,6 +407,14 @@ static mha_status pack_weights(mha_bert *m) {
     m->packed = mha_malloc(bytes);
     MHA_CHECK(m->packed, MHA_ERR_NOMEM, "mha_bert_open: no memory for the packed weights "
               "(%zu bytes)", bytes);
+#ifdef MADV_HUGEPAGE
+    /* 2 MiB pages where the kernel allows them: 512 times fewer page faults
+     * while packing (a hint; its failure changes nothing) */
+    const uintptr_t lo = ((uintptr_t)m->packed + (2u << 20) - 1) & ~(uintptr_t)((2u << 20) - 1);
+    const uintptr_t hi = ((uintptr_t)m->packed + bytes) & ~(uintptr_t)((2u << 20) - 1);
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#endif
     for (int64_t l = 0; l < L; l++) {
         bert_layer *w = &m->layer[l];
         float *p = m->packed + l * per;

@@ -35,6 +35,7 @@
  *   attention per text: row i of the output depends only on text i.
  */
 #include "internal.h"
+#include "layers.h"
 #include "io/io.h"
 #include "kernels/gemm.h"
 #include "kernels/attention_short.h"
@@ -532,9 +533,19 @@ static mha_tensor vec(const float *data, int64_t n) {
     return t;
 }
 
-/* x (T,D) = LayerNorm(x) in place. */
+/* x (T,D) = LayerNorm(x) in place: where the kernels are avx2, rows in
+ * chunks over threads through mha_layernorm_f32_avx2 (per row: the split
+ * changes no bits); otherwise mha_layernorm_forward. */
 static mha_status layernorm(float *x, int64_t T, int64_t D, const float *w, const float *b,
                             float eps) {
+    if (mha_kernel_resolve(MHA_KERNEL_AUTO) == MHA_KERNEL_AVX2 && mha_cpu_has_avx2_fma()) {
+        enum { CHUNK = 32 };
+#pragma omp parallel for schedule(static) num_threads(mha_threads()) if (T > 2 * CHUNK)
+        for (int64_t r0 = 0; r0 < T; r0 += CHUNK)
+            mha_layernorm_f32_avx2(x + r0 * D, x + r0 * D, T - r0 < CHUNK ? T - r0 : CHUNK, D, w,
+                                   b, eps);
+        return MHA_OK;
+    }
     mha_tensor X = rows(x, T, D), W = vec(w, D), Bv = vec(b, D);
     return mha_layernorm_forward(&X, &X, &W, &Bv, eps);
 }

@@ -37,6 +37,10 @@ void mha_layernorm_f32(float *y, const float *x, int64_t N, int64_t E, const flo
                        const float *b, float eps);
 void mha_layernorm_ref(float *y, const float *x, int64_t N, int64_t E, const float *w,
                        const float *b, float eps);
+/* mha_layernorm_f32's plan with AVX2 (src/kernels/norm_avx2.c), one thread;
+ * only after a CPU check. */
+void mha_layernorm_f32_avx2(float *y, const float *x, int64_t N, int64_t E, const float *w,
+                            const float *b, float eps);
 void mha_rmsnorm_f32(float *y, const float *x, int64_t N, int64_t E, const float *w, float eps);
 void mha_rmsnorm_ref(float *y, const float *x, int64_t N, int64_t E, const float *w, float eps);
 

@@ -458,6 +458,7 @@ mha_status mha_bert_open(mha_bert **model, const char *model_dir) {
     *model = NULL;
 #ifndef MHA_HAVE_CJSON
     (void)bind_weights; /* reached only through read_config */
+    (void)pack_weights;
     return mha_error(MHA_ERR_UNSUPPORTED, "mha_bert_open: this build has no libcjson (install "
                      "libcjson-dev and rebuild) to read config.json");
 #else

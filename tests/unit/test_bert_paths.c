@@ -15,6 +15,8 @@
 
 enum { TEXTS = 5, D = 384 };
 
+#ifdef MHA_HAVE_CJSON
+
 /* ids of TEXTS texts packed (T), offsets (TEXTS+1): deterministic ids in
  * the vocabulary, [CLS] ... [SEP]. */
 static int64_t make_ids(int32_t *ids, int64_t *off) {
@@ -43,6 +45,7 @@ static mha_status embed_with(mha_bert *m, const char *gemm, float *out, const in
     unsetenv("MHA_GEMM");
     return st;
 }
+#endif
 
 TEST(bert_packed_route_matches_reference_route) {
 #ifndef MHA_HAVE_CJSON

@@ -51,13 +51,7 @@ void mha_layernorm_f32_avx2(float *y, const float *x, int64_t N, int64_t E, cons
                 v = _mm_add_ps(v, _mm_loadu_ps(b + c));
             _mm_storeu_ps(yr + c, v);
         }
-        for (int64_t c = E4; c < E; c++) {
-            float v = (float)((xr[c] - mean) * rstd);
-            if (w)
-                v *= w[c];
-            if (b)
-                v += b[c];
-            yr[c] = v;
-        }
+        for (int64_t c = E4; c < E; c++)
+            yr[c] = mha_layernorm_value(xr[c], mean, rstd, w, b, c);
     }
 }

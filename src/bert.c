@@ -811,15 +811,16 @@ mha_status mha_bert_embed(mha_bert *model, mha_tensor *out, const int32_t *ids,
     /* Groups of whole texts, each encoded by one thread from start to end
      * (no barrier between layers; row bits do not depend on the grouping
      * nor on who computes it).  With several threads a group takes about
-     * T / (4 threads) tokens (at least BERT_MIN_GROUP, at most cap): four
-     * groups per thread, so the dynamic schedule leaves a thread idle for
-     * about half a group's time at the end of a call; smaller groups cost
-     * more in weight traffic than they save (measured).  A call with one
-     * group runs it with every thread inside each GEMM instead. */
+     * T / (16 threads) tokens (at least BERT_MIN_GROUP, at most cap):
+     * sixteen groups per thread, so the dynamic schedule leaves a thread
+     * idle for about half a group's time (~3 %) at the end of a call, while
+     * groups of >= 128 tokens still run the GEMMs at the kernel's rate (the
+     * weights stream from L3 once per group).  A call with one group runs
+     * it with every thread inside each GEMM instead. */
     const int threads = mha_threads();
     int64_t target = cap;
-    if (threads > 1 && T / (4 * threads) < target)
-        target = T / (4 * threads) > BERT_MIN_GROUP ? T / (4 * threads) : BERT_MIN_GROUP;
+    if (threads > 1 && T / (16 * threads) < target)
+        target = T / (16 * threads) > BERT_MIN_GROUP ? T / (16 * threads) : BERT_MIN_GROUP;
     int64_t *group = mha_malloc(sizeof(int64_t) * (size_t)(n + 1));
     MHA_CHECK(group, MHA_ERR_NOMEM, "mha_bert_embed: no memory");
     int64_t groups = 0, longest = 0;

@@ -9,7 +9,8 @@
  * an optional "bert." prefix)
  *   x = LayerNorm_emb((word[id] + token_type[0]) + position[t])       (T,D)
  *   per layer l ("encoder.layer.l."):
- *     q, k, v = x Wq^T + bq, x Wk^T + bk, x Wv^T + bv   ("attention.self.")
+ *     q, k, v = x Wq^T + bq, x Wk^T + bk, x Wv^T + bv   ("attention.self.";
+ *               one (T,3D) product on the fast route)
  *     ctx = per text, per head softmax(q k^T / sqrt(dh)) v   (own slice only)
  *     x = LayerNorm_1(ctx Wo^T + bo + x)          ("attention.output.")
  *     x = LayerNorm_2(gelu(x Wi^T + bi) Wout^T + bout + x)  ("intermediate.",
@@ -20,19 +21,27 @@
  * PACKED BATCHING (FlashAttention's varlen layout, without the padding)
  *   A group of texts is one (T,D) matrix with offsets; every projection,
  *   the MLP, the norms and GELU run on the whole matrix, attention runs per
- *   text on its own rows through mha_sdpa_forward with B = 1 strided views
- *   (q, k, v are column blocks of one (T,3D) buffer).  Nothing is computed
- *   on padding, so the cost follows the sum of the lengths.  Why per-text
- *   SDPA calls and not a new varlen entry: a text's attention is a B = 1
- *   problem the existing kernels already serve (fused AVX2, per head in
- *   parallel), and its cost at L <= 256 is a few percent of the GEMMs.
+ *   text on its own rows (q, k, v are column blocks of one (T,3D) buffer).
+ *   Nothing is computed on padding, so the cost follows the sum of the
+ *   lengths.  A call's texts form groups, each encoded start to end by one
+ *   thread (mha_bert_embed).
+ *
+ * TWO ROUTES (product, attend, layernorm)
+ *   With AVX2+FMA: the layers' products on weights packed once at load
+ *   (pack_weights; src/kernels/gemm_packed*.c: q|k|v as one product, the
+ *   residual added in place, GELU in the epilogue), the short-text
+ *   attention (src/kernels/attention_short*.c) and AVX2 LayerNorm rows.
+ *   Otherwise, or when MHA_GEMM / MHA_KERNEL ask for the reference paths:
+ *   mha_linear_f32, mha_sdpa_forward (B = 1 strided views),
+ *   mha_layernorm_forward, mha_activation_forward.
  *
  * BITS DO NOT DEPEND ON THE BATCH
- *   A row of every GEMM is summed in an order fixed by K alone on mha's own
- *   paths (src/kernels/gemm_avx2.c, the portable loop); OpenBLAS picks
- *   kernels and blockings by M, so the forward never routes through it (see
- *   bert_gemm and docs/models.md).  Norms, GELU and pooling are per row,
- *   attention per text: row i of the output depends only on text i.
+ *   Every GEMM element is summed in an order fixed by K alone on mha's own
+ *   paths (the packed kernel: one FMA chain in k order; the portable loop);
+ *   OpenBLAS picks kernels and blockings by M, so the forward never routes
+ *   through it (see bert_gemm and docs/models.md).  Norms, GELU and pooling
+ *   are per row, attention per text: row i of the output depends only on
+ *   text i, whichever group or thread computes it.
  */
 #include "internal.h"
 #include "layers.h"

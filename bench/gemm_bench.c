@@ -6,9 +6,12 @@
  *
  * Usage: gemm_bench PATH M N K [reps]; prints one JSON line:
  * y (M,N) = x (M,K) w^T + bias, FLOP 2*M*N*K, median of reps after a
- * warm-up; max_err against the portable path.
+ * warm-up; max_err against the portable path.  PATH "packed" times the
+ * trained model's kernel (src/kernels/gemm_packed.h) on w packed once
+ * before timing (needs AVX2+FMA).
  */
 #include "kernels/gemm.h"
+#include "kernels/gemm_packed.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +34,7 @@ static int cmp(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: gemm_bench blas|avx2|portable M N K [reps]\n");
+        fprintf(stderr, "usage: gemm_bench blas|avx2|portable|packed M N K [reps]\n");
         return 2;
     }
     mha_gemm_path path = strcmp(argv[1], "blas") == 0   ? MHA_GEMM_BLAS
@@ -51,11 +54,25 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < N; i++)
         b[i] = (float)i / (float)N;
     mha_linear_f32_path(MHA_GEMM_PORTABLE, r, N, x, K, w, K, b, M, N, K, 0);
-    mha_gemm_path ran = mha_linear_f32_path(path, y, N, x, K, w, K, b, M, N, K, 0); /* warm-up */
+    const int packed = strcmp(argv[1], "packed") == 0;
+    float *wp = NULL;
+    if (packed) {
+        if (!mha_cpu_has_avx2_fma() || !(wp = malloc(sizeof(float) *
+                                                     (size_t)mha_gemm_packed_floats(N, K))))
+            return 2;
+        mha_gemm_pack(wp, w, K, N, K);
+    }
+    mha_gemm_path ran = packed ? MHA_GEMM_AVX2
+                               : mha_linear_f32_path(path, y, N, x, K, w, K, b, M, N, K, 0);
+    if (packed) /* warm-up */
+        mha_gemm_packed_f32_avx2(y, N, x, K, wp, b, M, N, K, 0, 0);
     double t[101];
     for (int i = 0; i < reps; i++) {
         double t0 = now();
-        mha_linear_f32_path(path, y, N, x, K, w, K, b, M, N, K, 0);
+        if (packed)
+            mha_gemm_packed_f32_avx2(y, N, x, K, wp, b, M, N, K, 0, 0);
+        else
+            mha_linear_f32_path(path, y, N, x, K, w, K, b, M, N, K, 0);
         t[i] = now() - t0;
     }
     qsort(t, (size_t)reps, sizeof t[0], cmp);
@@ -69,8 +86,8 @@ int main(int argc, char **argv) {
     double ms = 1e3 * t[reps / 2];
     printf("{\"op\": \"gemm\", \"path\": \"%s\", \"blas_core\": \"%s\", \"M\": %lld, \"N\": %lld, "
            "\"K\": %lld, \"threads\": %d, \"ms\": %.3f, \"gflops\": %.2f, \"max_err\": %.3g}\n",
-           mha_gemm_path_name(ran), core, (long long)M, (long long)N, (long long)K,
+           packed ? "packed" : mha_gemm_path_name(ran), core, (long long)M, (long long)N, (long long)K,
            mha_get_num_threads(), ms, 2e-9 * (double)M * (double)N * (double)K / t[reps / 2], err);
-    free(x), free(w), free(b), free(y), free(r);
+    free(x), free(w), free(b), free(y), free(r), free(wp);
     return 0;
 }

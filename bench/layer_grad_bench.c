@@ -30,7 +30,7 @@ static mha_tensor make(int ndim, const int64_t *shape, uint64_t seed, float std,
     int64_t n = 1;
     for (int i = 0; i < ndim; i++)
         n *= shape[i];
-    mha_randn(t.data, (size_t)n, seed, std);
+    mha_randn(t.data, n, seed, std);
     for (int64_t i = 0; i < n; i++)
         ((float *)t.data)[i] += add;
     return t;

@@ -53,8 +53,8 @@ static int run_case(int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t d, int
     if (st == MHA_OK)
         st = mha_tensor_create(&r, MHA_F32, 4, (int64_t[]){B, H, 1, d});
     if (st == MHA_OK) {
-        mha_randn(k.data, (size_t)(B * Hkv * S * d), 1, 1.0f);
-        mha_randn(q.data, (size_t)(B * H * d), 2, 1.0f);
+        mha_randn(k.data, B * Hkv * S * d, 1, 1.0f);
+        mha_randn(q.data, B * H * d, 2, 1.0f);
         st = mha_kv_cache_append(c, &k, &k); /* V = K: the bytes are what matter */
     }
     mha_sdpa_options opt;

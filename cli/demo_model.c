@@ -59,7 +59,7 @@ static mha_status random_heads(float *w, const float *x, int64_t H, int64_t L, i
     if (!wq)
         return MHA_ERR_NOMEM;
     float *wk = wq + D * D, *q = wk + D * D, *k = q + L * D;
-    mha_randn(wq, (size_t)(2 * D * D), 2026, 0.02f);
+    mha_randn(wq, 2 * D * D, 2026, 0.02f);
     mha_tensor X, WQ, WK, Q, K;
     mha_tensor_init(&X, MHA_F32, (void *)x, 2, (int64_t[]){L, D});
     mha_tensor_init(&WQ, MHA_F32, wq, 2, (int64_t[]){D, D});

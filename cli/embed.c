@@ -9,7 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { DEFAULT_BATCH = 64 };
+/* Texts per model call: enough tokens (~9,000 for sentences) that the
+ * library's groups of texts keep every thread busy to the end of a call. */
+enum { DEFAULT_BATCH = 256 };
 
 /* ---- lines ------------------------------------------------------------------ */
 

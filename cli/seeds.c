@@ -16,9 +16,9 @@ int seed_example_make(seed_example *ex, int64_t L, int64_t D, int64_t h, uint64_
         return -1;
     ex->in_proj = ex->x + L * D;
     ex->out_proj = ex->in_proj + 3 * D * D;
-    mha_randn(ex->x, (size_t)(L * D), seed, 1.0f);
-    mha_randn(ex->in_proj, (size_t)(3 * D * D), seed + 1, (float)(1.0 / sqrt((double)D)));
-    mha_randn(ex->out_proj, (size_t)(D * D), seed + 2, (float)(1.0 / sqrt((double)D)));
+    mha_randn(ex->x, L * D, seed, 1.0f);
+    mha_randn(ex->in_proj, 3 * D * D, seed + 1, (float)(1.0 / sqrt((double)D)));
+    mha_randn(ex->out_proj, D * D, seed + 2, (float)(1.0 / sqrt((double)D)));
     return 0;
 }
 
@@ -289,7 +289,7 @@ int seed_claims_check(seed_claim *claims, int64_t L, int64_t D, int64_t h, uint6
         float *qv = f + 4 * LD + 2 * h * LL; /* 8192 floats reserved */
         double sum = 0.0, sum2 = 0.0, ssum = 0.0, ssum2 = 0.0;
         for (int64_t t = 0; t < pairs; t++) {
-            mha_randn(qv, (size_t)(2 * dk), seed * 1000003u + (uint64_t)t, 1.0f);
+            mha_randn(qv, 2 * dk, seed * 1000003u + (uint64_t)t, 1.0f);
             double dot = 0.0;
             for (int64_t c = 0; c < dk; c++)
                 dot += (double)qv[c] * qv[dk + c];

@@ -9,7 +9,8 @@
  * an optional "bert." prefix)
  *   x = LayerNorm_emb((word[id] + token_type[0]) + position[t])       (T,D)
  *   per layer l ("encoder.layer.l."):
- *     q, k, v = x Wq^T + bq, x Wk^T + bk, x Wv^T + bv   ("attention.self.")
+ *     q, k, v = x Wq^T + bq, x Wk^T + bk, x Wv^T + bv   ("attention.self.";
+ *               one (T,3D) product on the fast route)
  *     ctx = per text, per head softmax(q k^T / sqrt(dh)) v   (own slice only)
  *     x = LayerNorm_1(ctx Wo^T + bo + x)          ("attention.output.")
  *     x = LayerNorm_2(gelu(x Wi^T + bi) Wout^T + bout + x)  ("intermediate.",
@@ -20,29 +21,45 @@
  * PACKED BATCHING (FlashAttention's varlen layout, without the padding)
  *   A group of texts is one (T,D) matrix with offsets; every projection,
  *   the MLP, the norms and GELU run on the whole matrix, attention runs per
- *   text on its own rows through mha_sdpa_forward with B = 1 strided views
- *   (q, k, v are column blocks of one (T,3D) buffer).  Nothing is computed
- *   on padding, so the cost follows the sum of the lengths.  Why per-text
- *   SDPA calls and not a new varlen entry: a text's attention is a B = 1
- *   problem the existing kernels already serve (fused AVX2, per head in
- *   parallel), and its cost at L <= 256 is a few percent of the GEMMs.
+ *   text on its own rows (q, k, v are column blocks of one (T,3D) buffer).
+ *   Nothing is computed on padding, so the cost follows the sum of the
+ *   lengths.  A call's texts form groups, each encoded start to end by one
+ *   thread (mha_bert_embed).
+ *
+ * TWO ROUTES (product, attend, layernorm)
+ *   With AVX2+FMA: the layers' products on weights packed once at load
+ *   (pack_weights; src/kernels/gemm_packed*.c: q|k|v as one product, the
+ *   residual added in place, GELU in the epilogue), the short-text
+ *   attention (src/kernels/attention_short*.c) and AVX2 LayerNorm rows.
+ *   Otherwise, or when MHA_GEMM / MHA_KERNEL ask for the reference paths:
+ *   mha_linear_f32, mha_sdpa_forward (B = 1 strided views),
+ *   mha_layernorm_forward, mha_activation_forward.
  *
  * BITS DO NOT DEPEND ON THE BATCH
- *   A row of every GEMM is summed in an order fixed by K alone on mha's own
- *   paths (src/kernels/gemm_avx2.c, the portable loop); OpenBLAS picks
- *   kernels and blockings by M, so the forward never routes through it (see
- *   bert_gemm and docs/models.md).  Norms, GELU and pooling are per row,
- *   attention per text: row i of the output depends only on text i.
+ *   Every GEMM element is summed in an order fixed by K alone on mha's own
+ *   paths (the packed kernel: one FMA chain in k order; the portable loop);
+ *   OpenBLAS picks kernels and blockings by M, so the forward never routes
+ *   through it (see bert_gemm and docs/models.md).  Norms, GELU and pooling
+ *   are per row, attention per text: row i of the output depends only on
+ *   text i, whichever group or thread computes it.
  */
 #include "internal.h"
+#include "layers.h"
 #include "io/io.h"
 #include "kernels/gemm.h"
+#include "kernels/attention_short.h"
+#include "kernels/gemm_packed.h"
 
 #include <limits.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #ifdef MHA_HAVE_CJSON
 #include <cjson/cJSON.h>
@@ -55,12 +72,18 @@
 /* Tokens per packed group: GEMMs of this many rows keep the cores busy and
  * the workspace (4D + F floats per token, 12 MiB for MiniLM) small. */
 #define BERT_GROUP_TOKENS 1024
+/* The smallest group worth a thread of its own (GEMMs of 128 rows still run
+ * at the kernel's full rate). */
+#define BERT_MIN_GROUP 128
 
 typedef struct bert_layer {
     const float *q_w, *q_b, *k_w, *k_b, *v_w, *v_b;  /* (D,D), (D)        */
     const float *o_w, *o_b, *ln1_w, *ln1_b;          /* (D,D), (D) x3      */
     const float *i_w, *i_b;                          /* (F,D), (F)         */
     const float *out_w, *out_b, *ln2_w, *ln2_b;      /* (D,F), (D) x3      */
+    /* the same products packed for gemm_packed_avx2.c (NULL without AVX2):
+     * q|k|v fused, (3D,D) with its bias (3D); o (D,D); i (F,D); out (D,F) */
+    float *qkv_p, *qkv_b, *o_p, *i_p, *out_p;
 } bert_layer;
 
 struct mha_bert {
@@ -69,9 +92,17 @@ struct mha_bert {
     const float *word, *pos, *type;  /* (V,D), (P,D), (TV,D)                */
     const float *emb_ln_w, *emb_ln_b;/* (D)                                 */
     bert_layer *layer;               /* [layers]                            */
-    float *ws;                       /* workspace, ws_tokens * (4D + F)     */
-    int64_t ws_tokens;
+    float *packed;                   /* every layer's packed products, or NULL */
+    float *ws;                       /* workspace (workspace_reserve)        */
+    size_t ws_floats;
+    int64_t ws_slot_tokens, ws_slots;/* its current layout                  */
 };
+
+/* One group's buffers (workspace_slot): x (T,D), qkv (T,3D), h
+ * (T,max(F,D)), during attention the context. */
+typedef struct bert_ws {
+    float *x, *qkv, *h;
+} bert_ws;
 
 /* ---- reading the JSON files ---------------------------------------------- */
 
@@ -367,11 +398,76 @@ static mha_status bind_weights(mha_bert *m) {
     return MHA_OK;
 }
 
+/* The layers' products packed once into the avx2 kernel's panels
+ * (gemm_packed.h), on machines that have it: q, k and v as one (3D,D)
+ * product with one bias, o, i and out.  One allocation for all layers
+ * (about 4 (4D^2 + 2DF) bytes per layer, 42 MiB for MiniLM); the mapped
+ * file keeps the originals for the portable path. */
+static mha_status pack_weights(mha_bert *m) {
+    if (!mha_cpu_has_avx2_fma())
+        return MHA_OK;
+    const int64_t D = m->info.hidden, F = m->info.intermediate, L = m->info.layers;
+    const int64_t qkv = mha_gemm_packed_floats(3 * D, D), o = mha_gemm_packed_floats(D, D);
+    const int64_t i = mha_gemm_packed_floats(F, D), out = mha_gemm_packed_floats(D, F);
+    const int64_t bias = (3 * D + 15) / 16 * 16; /* keeps every block 64-byte aligned */
+    const int64_t per = qkv + o + i + out + bias;
+    size_t bytes;
+    MHA_CHECK(!mha_size_mul_overflows((size_t)(L * per), sizeof(float), &bytes), MHA_ERR_OVERFLOW,
+              "mha_bert_open: packed weights size overflows");
+    m->packed = mha_malloc(bytes);
+    MHA_CHECK(m->packed, MHA_ERR_NOMEM, "mha_bert_open: no memory for the packed weights "
+              "(%zu bytes)", bytes);
+#ifdef MADV_HUGEPAGE
+    /* 2 MiB pages where the kernel allows them: 512 times fewer page faults
+     * while packing (a hint; its failure changes nothing) */
+    const uintptr_t lo = ((uintptr_t)m->packed + (2u << 20) - 1) & ~(uintptr_t)((2u << 20) - 1);
+    const uintptr_t hi = ((uintptr_t)m->packed + bytes) & ~(uintptr_t)((2u << 20) - 1);
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#endif
+    for (int64_t l = 0; l < L; l++) {
+        bert_layer *w = &m->layer[l];
+        float *p = m->packed + l * per;
+        w->qkv_p = p, w->o_p = p + qkv, w->i_p = p + qkv + o, w->out_p = p + qkv + o + i;
+        float *b = p + qkv + o + i + out;
+        memcpy(b, w->q_b, sizeof(float) * (size_t)D);
+        memcpy(b + D, w->k_b, sizeof(float) * (size_t)D);
+        memcpy(b + 2 * D, w->v_b, sizeof(float) * (size_t)D);
+        w->qkv_b = b;
+    }
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(mha_threads())
+    for (int64_t job = 0; job < L * 4; job++) {
+        bert_layer *w = &m->layer[job / 4];
+        if (job % 4 == 0) { /* q, k, v stacked into one (3D,D) matrix first */
+            float *stack = mha_malloc(sizeof(float) * (size_t)(3 * D * D));
+            if (!stack) {
+                failed = 1;
+                continue;
+            }
+            memcpy(stack, w->q_w, sizeof(float) * (size_t)(D * D));
+            memcpy(stack + D * D, w->k_w, sizeof(float) * (size_t)(D * D));
+            memcpy(stack + 2 * D * D, w->v_w, sizeof(float) * (size_t)(D * D));
+            mha_gemm_pack(w->qkv_p, stack, D, 3 * D, D);
+            mha_free(stack);
+        } else if (job % 4 == 1) {
+            mha_gemm_pack(w->o_p, w->o_w, D, D, D);
+        } else if (job % 4 == 2) {
+            mha_gemm_pack(w->i_p, w->i_w, D, F, D);
+        } else {
+            mha_gemm_pack(w->out_p, w->out_w, F, D, F);
+        }
+    }
+    MHA_CHECK(!failed, MHA_ERR_NOMEM, "mha_bert_open: no memory to pack the weights");
+    return MHA_OK;
+}
+
 mha_status mha_bert_open(mha_bert **model, const char *model_dir) {
     MHA_CHECK(model && model_dir, MHA_ERR_NULL, "mha_bert_open: model and model_dir required");
     *model = NULL;
 #ifndef MHA_HAVE_CJSON
     (void)bind_weights; /* reached only through read_config */
+    (void)pack_weights;
     return mha_error(MHA_ERR_UNSUPPORTED, "mha_bert_open: this build has no libcjson (install "
                      "libcjson-dev and rebuild) to read config.json");
 #else
@@ -392,6 +488,8 @@ mha_status mha_bert_open(mha_bert **model, const char *model_dir) {
         st = mha_safetensors_open(&m->st, path);
     if (st == MHA_OK)
         st = bind_weights(m);
+    if (st == MHA_OK)
+        st = pack_weights(m);
     if (st != MHA_OK) {
         mha_bert_free(m);
         return st;
@@ -406,6 +504,7 @@ void mha_bert_free(mha_bert *model) {
         return;
     mha_safetensors_free(model->st);
     mha_free(model->layer);
+    mha_free(model->packed);
     mha_free(model->ws);
     mha_free(model);
 }
@@ -426,10 +525,10 @@ static mha_gemm_path bert_gemm(void) {
     return p;
 }
 
-/* y (T,N) rows ldy apart = x (T,K) w^T + b. */
+/* y (T,N) rows ldy apart = x (T,K) w^T + b on the generic route. */
 static void linear(float *y, int64_t ldy, const float *x, int64_t K, const float *w,
-                   const float *b, int64_t T, int64_t N) {
-    mha_linear_f32_path(bert_gemm(), y, ldy, x, K, w, K, b, T, N, K, 0);
+                   const float *b, int64_t T, int64_t N, int accumulate) {
+    mha_linear_f32_path(bert_gemm(), y, ldy, x, K, w, K, b, T, N, K, accumulate);
 }
 
 /* Rows (T,E) as a 2-D view for the row-wise library layers. */
@@ -444,9 +543,19 @@ static mha_tensor vec(const float *data, int64_t n) {
     return t;
 }
 
-/* x (T,D) = LayerNorm(x) in place. */
+/* x (T,D) = LayerNorm(x) in place: where the kernels are avx2, rows in
+ * chunks over threads through mha_layernorm_f32_avx2 (per row: the split
+ * changes no bits); otherwise mha_layernorm_forward. */
 static mha_status layernorm(float *x, int64_t T, int64_t D, const float *w, const float *b,
                             float eps) {
+    if (mha_kernel_resolve(MHA_KERNEL_AUTO) == MHA_KERNEL_AVX2 && mha_cpu_has_avx2_fma()) {
+        enum { CHUNK = 32 };
+#pragma omp parallel for schedule(static) num_threads(mha_threads()) if (T > 2 * CHUNK)
+        for (int64_t r0 = 0; r0 < T; r0 += CHUNK)
+            mha_layernorm_f32_avx2(x + r0 * D, x + r0 * D, T - r0 < CHUNK ? T - r0 : CHUNK, D, w,
+                                   b, eps);
+        return MHA_OK;
+    }
     mha_tensor X = rows(x, T, D), W = vec(w, D), Bv = vec(b, D);
     return mha_layernorm_forward(&X, &X, &W, &Bv, eps);
 }
@@ -467,11 +576,59 @@ static mha_status gelu(float *h, int64_t T, int64_t F) {
     return MHA_OK;
 }
 
+/* A layer's four products. */
+typedef enum { PROJ_QKV, PROJ_O, PROJ_I, PROJ_OUT } bert_proj;
+
+/* One product of layer w on the T rows of x:
+ *   PROJ_QKV  y (T,3D)  = x (T,D) [Wq|Wk|Wv]^T + [bq|bk|bv]
+ *   PROJ_O    y (T,D)  += x (T,D) Wo^T + bo      (y holds the residual)
+ *   PROJ_I    y (T,F)   = gelu(x (T,D) Wi^T + bi)
+ *   PROJ_OUT  y (T,D)  += x (T,F) Wout^T + bout  (y holds the residual)
+ * On the avx2 path through the weights packed at load (one FMA chain per
+ * element, GELU in the kernel's epilogue); otherwise the generic GEMM and
+ * mha_activation_forward. */
+static mha_status product(const mha_bert *m, const bert_layer *w, bert_proj which, float *y,
+                          const float *x, int64_t T) {
+    const int64_t D = m->info.hidden, F = m->info.intermediate;
+    const int64_t N = which == PROJ_QKV ? 3 * D : which == PROJ_I ? F : D;
+    const int64_t K = which == PROJ_OUT ? F : D;
+    const int accumulate = which == PROJ_O || which == PROJ_OUT, act = which == PROJ_I;
+    if (m->packed && bert_gemm() == MHA_GEMM_AVX2) {
+        const float *wp = which == PROJ_QKV ? w->qkv_p : which == PROJ_O ? w->o_p
+                          : which == PROJ_I ? w->i_p : w->out_p;
+        const float *b = which == PROJ_QKV ? w->qkv_b : which == PROJ_O ? w->o_b
+                         : which == PROJ_I ? w->i_b : w->out_b;
+        mha_gemm_packed_f32_avx2(y, N, x, K, wp, b, T, N, K, accumulate, act);
+        return MHA_OK;
+    }
+    switch (which) {
+    case PROJ_QKV:
+        linear(y, N, x, K, w->q_w, w->q_b, T, D, 0);
+        linear(y + D, N, x, K, w->k_w, w->k_b, T, D, 0);
+        linear(y + 2 * D, N, x, K, w->v_w, w->v_b, T, D, 0);
+        return MHA_OK;
+    case PROJ_O: linear(y, N, x, K, w->o_w, w->o_b, T, N, 1); return MHA_OK;
+    case PROJ_I: linear(y, N, x, K, w->i_w, w->i_b, T, N, 0); return gelu(y, T, N);
+    case PROJ_OUT: linear(y, N, x, K, w->out_w, w->out_b, T, N, 1); return MHA_OK;
+    }
+    return MHA_OK;
+}
+
 /* One text's attention: ctx (L,D) rows ld_ctx apart from its q|k|v rows
- * (L,3D) of the packed buffer; weights (H,L,L) when not NULL. */
+ * (L,3D) of the packed buffer; weights (H,L,L) when not NULL (through
+ * mha_sdpa_forward).  Without weights, where the attention kernel is avx2
+ * and the head width suits it, the short-text kernel with `scratch`
+ * (attention_short.h); otherwise mha_sdpa_forward, which honours
+ * MHA_KERNEL. */
 static mha_status attend(float *ctx, int64_t ld_ctx, const float *qkv, int64_t L, int64_t D,
-                         int64_t H, mha_tensor *weights) {
+                         int64_t H, mha_tensor *weights, float *scratch) {
     const int64_t dh = D / H;
+    if (!weights && mha_kernel_resolve(MHA_KERNEL_AUTO) == MHA_KERNEL_AVX2 &&
+        mha_cpu_has_avx2_fma() && mha_attn_short_avx2_fits(dh)) {
+        mha_attn_short_f32_avx2(ctx, ld_ctx, qkv, qkv + D, qkv + 2 * D, 3 * D, L, H, dh,
+                                1.0f / sqrtf((float)dh), scratch);
+        return MHA_OK;
+    }
     mha_tensor q = {(void *)qkv, MHA_F32, 4, {1, H, L, dh}, {L * 3 * D, dh, 3 * D, 1}};
     mha_tensor k = q, v = q;
     k.data = (void *)(qkv + D);
@@ -483,26 +640,53 @@ static mha_status attend(float *ctx, int64_t ld_ctx, const float *qkv, int64_t L
     return mha_sdpa_forward(&o, &q, &k, &v, &opt);
 }
 
-/* The workspace for T tokens: x (T,D), qkv (T,3D) (later the residual
- * branch), h (T,max(F,D)) (during attention the context). */
-static mha_status workspace(mha_bert *m, int64_t T, float **x, float **qkv, float **h) {
+/* THE WORKSPACE  slots of T tokens, one per group a thread encodes: x
+ * (T,D), qkv (T,3D), h (T,max(F,D)) (during attention the context); then
+ * one short-attention scratch (attention_short.h) per thread that can run
+ * attention at once. */
+static int64_t slot_floats(const mha_bert *m, int64_t T) {
     const int64_t D = m->info.hidden, F = m->info.intermediate;
-    const int64_t per = 4 * D + (F > D ? F : D);
-    if (T > m->ws_tokens) {
-        size_t bytes;
-        MHA_CHECK(!mha_size_mul_overflows((size_t)T, (size_t)per * sizeof(float), &bytes),
-                  MHA_ERR_OVERFLOW, "workspace size overflows");
+    return T * (4 * D + (F > D ? F : D));
+}
+static int64_t scratch_floats(const mha_bert *m) {
+    const int64_t f = mha_attn_short_ws_floats(m->info.max_positions,
+                                               m->info.hidden / m->info.heads);
+    return (f + 15) / 16 * 16; /* keeps each one 64-byte aligned */
+}
+
+/* Room for `slots` slots of T tokens and `scratches` attention scratches. */
+static mha_status workspace_reserve(mha_bert *m, int64_t slots, int64_t T, int64_t scratches) {
+    size_t a, b, floats, bytes;
+    MHA_CHECK(!mha_size_mul_overflows((size_t)slots, (size_t)slot_floats(m, T), &a) &&
+                  !mha_size_mul_overflows((size_t)scratches, (size_t)scratch_floats(m), &b) &&
+                  (floats = a + b) >= a && !mha_size_mul_overflows(floats, sizeof(float), &bytes),
+              MHA_ERR_OVERFLOW, "workspace size overflows");
+    if (floats > m->ws_floats) {
         float *ws = mha_malloc(bytes);
         MHA_CHECK(ws, MHA_ERR_NOMEM, "mha_bert: no memory for a %lld-token workspace",
-                  (long long)T);
+                  (long long)(slots * T));
         mha_free(m->ws);
         m->ws = ws;
-        m->ws_tokens = T;
+        m->ws_floats = floats;
     }
-    *x = m->ws;
-    *qkv = *x + T * D;
-    *h = *qkv + T * 3 * D;
+    m->ws_slot_tokens = T;
+    m->ws_slots = slots;
     return MHA_OK;
+}
+
+/* Slot `slot`'s buffers of the reserved workspace. */
+static bert_ws workspace_slot(const mha_bert *m, int64_t slot) {
+    const int64_t D = m->info.hidden, T = m->ws_slot_tokens;
+    bert_ws w;
+    w.x = m->ws + slot * slot_floats(m, T);
+    w.qkv = w.x + T * D;
+    w.h = w.qkv + T * 3 * D;
+    return w;
+}
+
+/* Attention scratch number i of the reserved workspace. */
+static float *workspace_scratch(const mha_bert *m, int64_t i) {
+    return m->ws + m->ws_slots * slot_floats(m, m->ws_slot_tokens) + i * scratch_floats(m);
 }
 
 /* x (T,D) of a packed group of n texts = the embeddings' output. */
@@ -522,30 +706,39 @@ static void embed_tokens(const mha_bert *m, float *x, const int32_t *ids, const 
 }
 
 /* Runs the group's texts [off[0], off[n]) through encoder layers 0..stop-1
- * (their output in x); with weights (n = 1), layer `stop` computes its
- * attention probabilities into weights instead. */
-static mha_status encode(mha_bert *m, float *x, float *qkv, float *h, const int32_t *ids,
+ * (their output in ws->x); with weights (n = 1), layer `stop` computes its
+ * attention probabilities into weights instead.  worker >= 0: a thread of
+ * mha_bert_embed's group loop (attention serial, scratch `worker`); -1: the
+ * only group (attention over texts in parallel, scratch = thread). */
+static mha_status encode(mha_bert *m, const bert_ws *ws, int64_t worker, const int32_t *ids,
                          const int64_t *off, int64_t n, int64_t stop, mha_tensor *weights) {
+    float *x = ws->x, *qkv = ws->qkv, *h = ws->h;
     const mha_bert_info *c = &m->info;
-    const int64_t D = c->hidden, F = c->intermediate, H = c->heads, T = off[n] - off[0];
+    const int64_t D = c->hidden, H = c->heads, T = off[n] - off[0];
     const float eps = c->layer_norm_eps;
     embed_tokens(m, x, ids, off, n);
     MHA_TRY(layernorm(x, T, D, m->emb_ln_w, m->emb_ln_b, eps));
     for (int64_t l = 0; l < stop || (weights && l == stop); l++) {
         const bert_layer *w = &m->layer[l];
-        linear(qkv, 3 * D, x, D, w->q_w, w->q_b, T, D);
-        linear(qkv + D, 3 * D, x, D, w->k_w, w->k_b, T, D);
-        linear(qkv + 2 * D, 3 * D, x, D, w->v_w, w->v_b, T, D);
+        MHA_TRY(product(m, w, PROJ_QKV, qkv, x, T));
         if (weights && l == stop)
-            return attend(h, D, qkv, T, D, H, weights);
+            return attend(h, D, qkv, T, D, H, weights, NULL);
         /* texts across threads (one parallel region, not one per text: the
          * SDPA call inside runs single-threaded, nested); one text alone:
          * its heads across threads inside SDPA */
         mha_status failed = MHA_OK;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(mha_threads()) if (n > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(mha_threads()) if (n > 1 && worker < 0)
         for (int64_t i = 0; i < n; i++) {
             const int64_t o = off[i] - off[0], L = off[i + 1] - off[i];
-            mha_status st = attend(h + o * D, D, qkv + o * 3 * D, L, D, H, NULL);
+            int64_t scratch = worker;
+#ifdef _OPENMP
+            if (worker < 0)
+                scratch = omp_get_thread_num();
+#endif
+            if (scratch < 0)
+                scratch = 0;
+            mha_status st = attend(h + o * D, D, qkv + o * 3 * D, L, D, H, NULL,
+                                   workspace_scratch(m, scratch));
             if (st != MHA_OK) {
 #pragma omp critical(mha_bert_attend)
                 failed = st;
@@ -554,16 +747,11 @@ static mha_status encode(mha_bert *m, float *x, float *qkv, float *h, const int3
         /* the worker's message is thread-local: restate it here */
         MHA_CHECK(failed == MHA_OK, failed, "mha_bert: attention failed (%s)",
                   mha_status_string(failed));
-        float *res = qkv; /* (T,D) rows D apart: the attention branch */
-        linear(res, D, h, D, w->o_w, w->o_b, T, D);
-        for (int64_t e = 0; e < T * D; e++)
-            res[e] += x[e];
-        MHA_TRY(layernorm(res, T, D, w->ln1_w, w->ln1_b, eps));
-        linear(h, F, res, D, w->i_w, w->i_b, T, F);
-        MHA_TRY(gelu(h, T, F));
-        linear(x, D, h, F, w->out_w, w->out_b, T, D);
-        for (int64_t e = 0; e < T * D; e++)
-            x[e] += res[e];
+        /* the residual branches add into x in place: x += ctx Wo^T + bo */
+        MHA_TRY(product(m, w, PROJ_O, x, h, T));
+        MHA_TRY(layernorm(x, T, D, w->ln1_w, w->ln1_b, eps));
+        MHA_TRY(product(m, w, PROJ_I, h, x, T));
+        MHA_TRY(product(m, w, PROJ_OUT, x, h, T));
         MHA_TRY(layernorm(x, T, D, w->ln2_w, w->ln2_b, eps));
     }
     return MHA_OK;
@@ -625,25 +813,67 @@ mha_status mha_bert_embed(mha_bert *model, mha_tensor *out, const int32_t *ids,
               (long long)model->info.hidden);
     MHA_TRY(mha_check_writable(out, "out"));
     MHA_TRY(check_ids(model, ids, offsets, n));
-    const int64_t D = model->info.hidden;
+    const int64_t D = model->info.hidden, T = offsets[n];
     const int64_t cap = BERT_GROUP_TOKENS > model->info.max_positions
                             ? BERT_GROUP_TOKENS
                             : model->info.max_positions;
-    float *x, *qkv, *h;
-    MHA_TRY(workspace(model, offsets[n] < cap ? offsets[n] : cap, &x, &qkv, &h));
-    /* groups of whole texts up to cap tokens; the grouping changes no bits */
-    for (int64_t i0 = 0; i0 < n;) {
+    /* Groups of whole texts, each encoded by one thread from start to end
+     * (no barrier between layers; row bits do not depend on the grouping
+     * nor on who computes it).  With several threads a group takes about
+     * T / (16 threads) tokens (at least BERT_MIN_GROUP, at most cap):
+     * sixteen groups per thread, so the dynamic schedule leaves a thread
+     * idle for about half a group's time (~3 %) at the end of a call, while
+     * groups of >= 128 tokens still run the GEMMs at the kernel's rate (the
+     * weights stream from L3 once per group).  A call with one group runs
+     * it with every thread inside each GEMM instead. */
+    const int threads = mha_threads();
+    int64_t target = cap;
+    if (threads > 1 && T / (16 * threads) < target)
+        target = T / (16 * threads) > BERT_MIN_GROUP ? T / (16 * threads) : BERT_MIN_GROUP;
+    int64_t *group = mha_malloc(sizeof(int64_t) * (size_t)(n + 1));
+    MHA_CHECK(group, MHA_ERR_NOMEM, "mha_bert_embed: no memory");
+    int64_t groups = 0, longest = 0;
+    for (int64_t i0 = 0; i0 < n; groups++) {
         int64_t i1 = i0 + 1;
-        while (i1 < n && offsets[i1 + 1] - offsets[i0] <= cap)
+        while (i1 < n && offsets[i1 + 1] - offsets[i0] <= target)
             i1++;
-        MHA_TRY(encode(model, x, qkv, h, ids, offsets + i0, i1 - i0, model->info.layers, NULL));
-        for (int64_t i = i0; i < i1; i++) {
-            float *o = (float *)out->data + i * out->stride[0];
-            pool(&model->info, o, out->stride[1], x + (offsets[i] - offsets[i0]) * D,
-                 offsets[i + 1] - offsets[i]);
-        }
+        group[groups] = i0;
+        longest = offsets[i1] - offsets[i0] > longest ? offsets[i1] - offsets[i0] : longest;
         i0 = i1;
     }
+    group[groups] = n;
+    const int slots = groups < threads ? (int)groups : threads;
+    mha_status st = n > 0 ? workspace_reserve(model, slots, longest, threads) : MHA_OK;
+    if (st != MHA_OK) {
+        mha_free(group);
+        return st;
+    }
+    if (n > 0) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (slots > 1)
+        for (int64_t g = 0; g < groups; g++) {
+            int slot = 0;
+#ifdef _OPENMP
+            slot = omp_get_thread_num();
+#endif
+            const bert_ws ws = workspace_slot(model, slot);
+            const int64_t i0 = group[g], i1 = group[g + 1];
+            mha_status gs = encode(model, &ws, slots > 1 ? slot : -1, ids, offsets + i0, i1 - i0,
+                                   model->info.layers, NULL);
+            if (gs != MHA_OK) {
+#pragma omp critical(mha_bert_group)
+                st = gs;
+                continue;
+            }
+            for (int64_t i = i0; i < i1; i++) {
+                float *o = (float *)out->data + i * out->stride[0];
+                pool(&model->info, o, out->stride[1], ws.x + (offsets[i] - offsets[i0]) * D,
+                     offsets[i + 1] - offsets[i]);
+            }
+        }
+    }
+    mha_free(group);
+    /* a worker's message is thread-local: restate it here */
+    MHA_CHECK(st == MHA_OK, st, "mha_bert_embed: %s", mha_status_string(st));
     return MHA_OK;
 }
 
@@ -660,12 +890,13 @@ mha_status mha_bert_hidden(mha_bert *model, mha_tensor *hidden, const int32_t *i
     MHA_TRY(mha_check_writable(hidden, "hidden"));
     const int64_t off[2] = {0, L};
     MHA_TRY(check_ids(model, ids, off, 1));
-    float *x, *qkv, *h;
-    MHA_TRY(workspace(model, L, &x, &qkv, &h));
-    MHA_TRY(encode(model, x, qkv, h, ids, off, 1, layer, NULL));
+    MHA_TRY(workspace_reserve(model, 1, L, 1));
+    const bert_ws ws = workspace_slot(model, 0);
+    MHA_TRY(encode(model, &ws, -1, ids, off, 1, layer, NULL));
     for (int64_t t = 0; t < L; t++)
         for (int64_t j = 0; j < D; j++)
-            ((float *)hidden->data)[t * hidden->stride[0] + j * hidden->stride[1]] = x[t * D + j];
+            ((float *)hidden->data)[t * hidden->stride[0] + j * hidden->stride[1]] =
+                ws.x[t * D + j];
     return MHA_OK;
 }
 
@@ -684,10 +915,10 @@ mha_status mha_bert_attention(mha_bert *model, mha_tensor *attn_weights, const i
     MHA_TRY(mha_check_writable(attn_weights, "attn_weights"));
     const int64_t off[2] = {0, L};
     MHA_TRY(check_ids(model, ids, off, 1));
-    float *x, *qkv, *h;
-    MHA_TRY(workspace(model, L, &x, &qkv, &h));
+    MHA_TRY(workspace_reserve(model, 1, L, 1));
+    const bert_ws ws = workspace_slot(model, 0);
     mha_tensor w4 = {attn_weights->data, MHA_F32, 4, {1, H, L, L},
-                     {H * attn_weights->stride[0], attn_weights->stride[0], attn_weights->stride[1],
-                      attn_weights->stride[2]}};
-    return encode(model, x, qkv, h, ids, off, 1, layer, &w4);
+                     {H * attn_weights->stride[0], attn_weights->stride[0],
+                      attn_weights->stride[1], attn_weights->stride[2]}};
+    return encode(model, &ws, -1, ids, off, 1, layer, &w4);
 }

@@ -38,6 +38,21 @@ void mha_layernorm_f32(float *y, const float *x, int64_t N, int64_t E, const flo
                        const float *b, float eps);
 void mha_layernorm_ref(float *y, const float *x, int64_t N, int64_t E, const float *w,
                        const float *b, float eps);
+/* One LayerNorm output of mha_layernorm_f32's plan: x centred and scaled in
+ * double, then weight w[c] and bias b[c] (either NULL) in float. */
+static inline float mha_layernorm_value(float x, double mean, double rstd, const float *w,
+                                        const float *b, int64_t c) {
+    float v = (float)((x - mean) * rstd); /* a float mean loses digits when |mean| >> std */
+    if (w)
+        v *= w[c];
+    if (b)
+        v += b[c];
+    return v;
+}
+/* mha_layernorm_f32's plan with AVX2 (src/kernels/norm_avx2.c), one thread;
+ * only after a CPU check. */
+void mha_layernorm_f32_avx2(float *y, const float *x, int64_t N, int64_t E, const float *w,
+                            const float *b, float eps);
 void mha_rmsnorm_f32(float *y, const float *x, int64_t N, int64_t E, const float *w, float eps);
 void mha_rmsnorm_ref(float *y, const float *x, int64_t N, int64_t E, const float *w, float eps);
 

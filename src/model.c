@@ -194,7 +194,7 @@ static void init_params(mha_model *m, uint64_t seed) {
         const param_info *p = &m->table[k];
         float *x = m->params + p->offset;
         switch (p->init) {
-        case INIT_NORMAL: mha_randn(x, (size_t)p->numel, mix64(seed + (uint64_t)k), 1.0f); break;
+        case INIT_NORMAL: mha_randn(x, p->numel, mix64(seed + (uint64_t)k), 1.0f); break;
         case INIT_ONES:
             for (int64_t i = 0; i < p->numel; i++)
                 x[i] = 1.0f;

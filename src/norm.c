@@ -34,15 +34,8 @@ void mha_layernorm_f32(float *y, const float *x, int64_t N, int64_t E, const flo
         float *yr = y + r * E;
         double mean;
         const double rstd = row_mean_rstd(xr, E, eps, &mean);
-        for (int64_t c = 0; c < E; c++) {
-            /* centred in double: a float mean loses digits when |mean| >> std */
-            float v = (float)((xr[c] - mean) * rstd);
-            if (w)
-                v *= w[c];
-            if (b)
-                v += b[c];
-            yr[c] = v;
-        }
+        for (int64_t c = 0; c < E; c++)
+            yr[c] = mha_layernorm_value(xr[c], mean, rstd, w, b, c);
     }
 }
 

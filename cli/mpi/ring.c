@@ -135,7 +135,7 @@ static float *make_rows(const ring_args *a, int which, int64_t Hh, int64_t x, in
                 const int64_t g = r < 0 ? i : global_row(a, r, i);
                 const uint64_t seed = ((((uint64_t)which * 131 + (uint64_t)b) * 8191 + (uint64_t)h) << 32) ^
                                       (uint64_t)g;
-                mha_randn(t + ((b * Hh + h) * n + i) * x, (size_t)x, seed, 1.0f);
+                mha_randn(t + ((b * Hh + h) * n + i) * x, x, seed, 1.0f);
             }
     return t;
 }

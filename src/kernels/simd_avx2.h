@@ -42,4 +42,26 @@ static inline __m256 exp256(__m256 x) {
     return _mm256_andnot_ps(under, y);
 }
 
+/* GELU 0.5 x (1 + erf(x / sqrt 2)), erf by Abramowitz and Stegun 7.1.26
+ * (|error| <= 1.5e-7; PyTorch's vectorised erf for the exact GELU on CPU).
+ * ref: M. Abramowitz, I. Stegun, Handbook of Mathematical Functions, 7.1.26:
+ * erfc(a) = t (a1 + t (a2 + ... + t a5)) e^(-a^2), t = 1 / (1 + p a), a >= 0.
+ * 1 + erf(z) is taken as erfc(-z) for z < 0 and 2 - erfc(z) otherwise, so
+ * the negative tail keeps its relative precision.  The scalar twin is
+ * mha_gelu_as_f32 (gemm_packed.c); used by gemm_packed_avx2.c. */
+static inline __m256 gelu256(__m256 x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    __m256 z = _mm256_mul_ps(x, _mm256_set1_ps(0.70710678118654752f));
+    __m256 a = _mm256_andnot_ps(sign, z);
+    __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(0.3275911f), a, one));
+    __m256 r = _mm256_fmadd_ps(_mm256_set1_ps(1.061405429f), t, _mm256_set1_ps(-1.453152027f));
+    r = _mm256_fmadd_ps(r, t, _mm256_set1_ps(1.421413741f));
+    r = _mm256_fmadd_ps(r, t, _mm256_set1_ps(-0.284496736f));
+    r = _mm256_fmadd_ps(r, t, _mm256_set1_ps(0.254829592f));
+    __m256 e = _mm256_mul_ps(_mm256_mul_ps(r, t), exp256(_mm256_xor_ps(sign, _mm256_mul_ps(a, a))));
+    __m256 neg = _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ);
+    __m256 one_plus_erf = _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(2.0f), e), e, neg);
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), one_plus_erf);
+}
+
 #endif

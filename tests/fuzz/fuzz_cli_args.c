@@ -45,7 +45,7 @@ static int save(const char *path, int ndim, const int64_t *shape, uint64_t seed,
     int64_t n = 1;
     for (int i = 0; i < ndim; i++)
         n *= shape[i];
-    mha_randn(buf, (size_t)n, seed, 1.0f);
+    mha_randn(buf, n, seed, 1.0f);
     if (as == MHA_BOOL) {
         static uint8_t mask[256];
         for (int64_t i = 0; i < n; i++)

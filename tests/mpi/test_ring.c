@@ -336,7 +336,7 @@ static void test_encoder(mha_ring_layout kind, int uneven, int causal, int norm_
     mha_tensor wt[10];
     for (int i = 0; i < 10; i++) {
         wbuf[i] = malloc(sizeof(float) * (size_t)sizes[i]);
-        mha_randn(wbuf[i], (size_t)sizes[i], 100 + (uint64_t)i, 0.3f);
+        mha_randn(wbuf[i], sizes[i], 100 + (uint64_t)i, 0.3f);
     }
     mha_tensor_init(&wt[0], MHA_F32, wbuf[0], 2, (int64_t[]){3 * E, E});
     mha_tensor_init(&wt[1], MHA_F32, wbuf[1], 1, (int64_t[]){3 * E});

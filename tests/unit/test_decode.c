@@ -192,7 +192,7 @@ TEST(modern_decoder_decode_equals_causal_stack_forward) {
         int64_t cnt_ = 1;                                                                 \
         for (int z_ = 0; z_ < nd; z_++)                                                   \
             cnt_ *= sh_[z_];                                                              \
-        mha_randn(p, (size_t)cnt_, (uint64_t)seed++, 0.3f);                               \
+        mha_randn(p, cnt_, (uint64_t)seed++, 0.3f);                                       \
         mha_tensor_init(&wt[l][n], MHA_F32, p, nd, sh_);                                  \
         dst = &wt[l][n++];                                                                \
         p += cnt_;                                                                        \

@@ -50,7 +50,7 @@ static void case_make(decoder_case *d) {
         for (; n < 18; n++) {
             int nd = shapes[n][1] ? 2 : 1;
             int64_t cnt = shapes[n][0] * (nd == 2 ? shapes[n][1] : 1);
-            mha_randn(p, (size_t)cnt, seed++, 0.3f);
+            mha_randn(p, cnt, seed++, 0.3f);
             mha_tensor_init(&d->t[l][n], MHA_F32, p, nd, shapes[n]);
             *slots[n] = &d->t[l][n];
             p += cnt;

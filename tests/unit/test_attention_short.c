@@ -1,0 +1,140 @@
+/* test_attention_short.c - the short-text attention of the trained encoder
+ * (src/kernels/attention_short.h): its reference against mha_sdpa_forward
+ * (the library's attention, itself checked against PyTorch), and the avx2
+ * kernel against the reference.
+ *
+ * Letters: L tokens, H heads, d head width.  q, k, v are column blocks of
+ * one (L, 3 H d + 5) buffer as in the encoder; ctx rows H d + 3 apart with
+ * guard values in the gaps.  Shapes: L in {1, 2, 7, 8, 9, 37, 100, 256}
+ * (every tail of the 8-key vectors and 4-row blocks), H in {1, 3, 12}; d in
+ * {1, 5, 8, 32, 33, 64} for the reference, the multiples of 8 up to 64 for
+ * avx2.  Bound: per element |diff| <= 2e-6 (1 + max |v|) (the softmax
+ * weights sum to 1, so a row is a convex mix of v rows).
+ */
+#include "test.h"
+
+#include "kernels/attention_short.h"
+
+#define GUARD 777.0f
+
+typedef struct {
+    int64_t L, H, d, ld, ldo;
+    float *qkv, *ws, *got, *want;
+} short_case;
+
+static void case_make(short_case *c, int64_t L, int64_t H, int64_t d, uint64_t seed) {
+    c->L = L, c->H = H, c->d = d, c->ld = 3 * H * d + 5, c->ldo = H * d + 3;
+    c->qkv = malloc(sizeof(float) * (size_t)(L * c->ld));
+    test_randn(c->qkv, (size_t)(L * c->ld), seed);
+    c->ws = malloc(sizeof(float) * (size_t)mha_attn_short_ws_floats(L, d));
+    c->got = malloc(sizeof(float) * (size_t)(L * c->ldo));
+    c->want = malloc(sizeof(float) * (size_t)(L * c->ldo));
+    for (int64_t e = 0; e < L * c->ldo; e++)
+        c->got[e] = c->want[e] = GUARD;
+}
+
+static void case_free(short_case *c) {
+    free(c->qkv), free(c->ws), free(c->got), free(c->want);
+}
+
+/* got against want, guards included; name says which comparison. */
+static void compare(const short_case *c, const char *name) {
+    const int64_t D = c->H * c->d;
+    float vmax = 0;
+    for (int64_t i = 0; i < c->L; i++)
+        for (int64_t e = 0; e < D; e++)
+            vmax = fmaxf(vmax, fabsf(c->qkv[i * c->ld + 2 * D + e]));
+    int bad = 0;
+    for (int64_t i = 0; i < c->L && bad < 3; i++)
+        for (int64_t e = 0; e < c->ldo && bad < 3; e++) {
+            const float g = c->got[i * c->ldo + e], w = c->want[i * c->ldo + e];
+            const bool ok = e >= D ? g == GUARD : fabsf(g - w) <= 2e-6f * (1.0f + vmax);
+            if (!ok && bad++ < 3)
+                test_fail(__FILE__, __LINE__, "%s L=%lld H=%lld d=%lld (%lld,%lld): %.9g vs %.9g",
+                          name, (long long)c->L, (long long)c->H, (long long)c->d, (long long)i,
+                          (long long)e, g, w);
+        }
+}
+
+static const int64_t Ls[] = {1, 2, 7, 8, 9, 37, 100, 256}, Hs[] = {1, 3, 12};
+
+TEST(attention_short_ref_matches_sdpa) {
+    const int64_t ds[] = {1, 5, 8, 32, 33, 64};
+    uint64_t seed = 40;
+    for (size_t a = 0; a < sizeof Ls / sizeof *Ls; a++)
+        for (size_t b = 0; b < sizeof Hs / sizeof *Hs; b++)
+            for (size_t k = 0; k < sizeof ds / sizeof *ds; k++) {
+                const int64_t L = Ls[a], H = Hs[b], d = ds[k];
+                if (L * H * d > 256 * 12 * 32)
+                    continue; /* the reference is slow; the largest cases add nothing */
+                short_case c;
+                case_make(&c, L, H, d, seed++);
+                mha_attn_short_f32_ref(c.got, c.ldo, c.qkv, c.qkv + H * d, c.qkv + 2 * H * d,
+                                       c.ld, L, H, d, 1.0f / sqrtf((float)d), c.ws);
+                /* the same problem as (1, H, L, d) strided views for SDPA */
+                mha_tensor q = {c.qkv, MHA_F32, 4, {1, H, L, d}, {L * c.ld, d, c.ld, 1}};
+                mha_tensor kk = q, v = q;
+                kk.data = c.qkv + H * d;
+                v.data = c.qkv + 2 * H * d;
+                mha_tensor o = {c.want, MHA_F32, 4, {1, H, L, d}, {L * c.ldo, d, c.ldo, 1}};
+                mha_sdpa_options opt;
+                mha_sdpa_options_init(&opt);
+                CHECK_STATUS(mha_sdpa_forward(&o, &q, &kk, &v, &opt), MHA_OK);
+                compare(&c, "ref vs sdpa");
+                case_free(&c);
+            }
+}
+
+TEST(attention_short_avx2_matches_ref) {
+    if (!mha_cpu_has_avx2_fma())
+        SKIP("no AVX2+FMA on this CPU");
+    CHECK(!mha_attn_short_avx2_fits(0) && !mha_attn_short_avx2_fits(33) &&
+          !mha_attn_short_avx2_fits(72) && mha_attn_short_avx2_fits(32));
+    uint64_t seed = 400;
+    for (size_t a = 0; a < sizeof Ls / sizeof *Ls; a++)
+        for (size_t b = 0; b < sizeof Hs / sizeof *Hs; b++)
+            for (int64_t d = 8; d <= 64; d += 8) {
+                const int64_t L = Ls[a], H = Hs[b];
+                short_case c;
+                case_make(&c, L, H, d, seed++);
+                const float scale = 1.0f / sqrtf((float)d);
+                mha_attn_short_f32_ref(c.want, c.ldo, c.qkv, c.qkv + H * d, c.qkv + 2 * H * d,
+                                       c.ld, L, H, d, scale, c.ws);
+                mha_attn_short_f32_avx2(c.got, c.ldo, c.qkv, c.qkv + H * d, c.qkv + 2 * H * d,
+                                        c.ld, L, H, d, scale, c.ws);
+                compare(&c, "avx2 vs ref");
+                case_free(&c);
+            }
+}
+
+TEST(attention_short_avx2_large_scores) {
+    /* scores far apart (a one-hot softmax) and equal (a plain mean): no
+     * overflow, no NaN, the limits exactly where they are exact */
+    if (!mha_cpu_has_avx2_fma())
+        SKIP("no AVX2+FMA on this CPU");
+    short_case c;
+    case_make(&c, 9, 1, 8, 9);
+    const int64_t D = 8;
+    for (int64_t i = 0; i < 9; i++)
+        for (int64_t e = 0; e < D; e++) {
+            c.qkv[i * c.ld + e] = 30.0f;                             /* q */
+            c.qkv[i * c.ld + D + e] = i == 4 ? 30.0f : -30.0f;       /* k: key 4 wins */
+        }
+    mha_attn_short_f32_avx2(c.got, c.ldo, c.qkv, c.qkv + D, c.qkv + 2 * D, c.ld, 9, 1, D, 1.0f,
+                            c.ws);
+    for (int64_t i = 0; i < 9; i++)
+        for (int64_t e = 0; e < D; e++)
+            CHECK(c.got[i * c.ldo + e] == c.qkv[4 * c.ld + 2 * D + e]);
+    for (int64_t i = 0; i < 9; i++)
+        for (int64_t e = 0; e < D; e++)
+            c.qkv[i * c.ld + D + e] = 1.0f; /* every key alike */
+    mha_attn_short_f32_avx2(c.got, c.ldo, c.qkv, c.qkv + D, c.qkv + 2 * D, c.ld, 9, 1, D, 1.0f,
+                            c.ws);
+    for (int64_t e = 0; e < D; e++) {
+        double mean = 0;
+        for (int64_t j = 0; j < 9; j++)
+            mean += c.qkv[j * c.ld + 2 * D + e] / 9.0;
+        CHECK(fabs(c.got[e] - mean) <= 1e-6 * (1 + fabs(mean)));
+    }
+    case_free(&c);
+}

@@ -1,0 +1,90 @@
+/* test_bert_paths.c - the trained model's two GEMM routes agree: the
+ * weights packed at load on the avx2 kernel (src/kernels/gemm_packed*.c,
+ * the default where the CPU has AVX2+FMA) and the generic route that
+ * MHA_GEMM=portable forces (the reference loops, erff GELU).  The default
+ * route is checked against sentence-transformers in test_bert.c; here the
+ * reference route must give the same vectors within the same bounds (max
+ * |diff| <= 2e-5, cosine >= 0.99999), for texts of 1, 2, 5, 61 and 300
+ * tokens (T = 369 packed, rows of every tile tail).
+ * Skipped without the model or libcjson, like test_bert.c. */
+#include "test.h"
+
+#include "internal.h" /* mha_cpu_has_avx2_fma */
+
+#include <unistd.h>
+
+enum { TEXTS = 5, D = 384 };
+
+#ifdef MHA_HAVE_CJSON
+
+/* ids of TEXTS texts packed (T), offsets (TEXTS+1): deterministic ids in
+ * the vocabulary, [CLS] ... [SEP]. */
+static int64_t make_ids(int32_t *ids, int64_t *off) {
+    static const int64_t len[TEXTS] = {1, 2, 5, 61, 300};
+    int64_t t = 0;
+    off[0] = 0;
+    for (int i = 0; i < TEXTS; i++) {
+        for (int64_t j = 0; j < len[i]; j++)
+            ids[t + j] = j == 0 ? 101 : j == len[i] - 1 ? 102 : (int32_t)(1000 + (t + j) * 37 % 28000);
+        t += len[i];
+        off[i + 1] = t;
+    }
+    return t;
+}
+
+/* out (TEXTS, D) embeddings under MHA_GEMM=gemm (NULL: unset). */
+static mha_status embed_with(mha_bert *m, const char *gemm, float *out, const int32_t *ids,
+                             const int64_t *off) {
+    if (gemm)
+        setenv("MHA_GEMM", gemm, 1);
+    else
+        unsetenv("MHA_GEMM");
+    mha_tensor o;
+    mha_tensor_init(&o, MHA_F32, out, 2, (int64_t[]){TEXTS, D});
+    mha_status st = mha_bert_embed(m, &o, ids, off, TEXTS);
+    unsetenv("MHA_GEMM");
+    return st;
+}
+#endif
+
+TEST(bert_packed_route_matches_reference_route) {
+#ifndef MHA_HAVE_CJSON
+    SKIP("built without libcjson: mha_bert_open cannot read config.json");
+#else
+    const char *env = getenv("MHA_MODEL_DIR");
+    const char *dir = env && env[0] ? env : "models/all-MiniLM-L6-v2";
+    char weights[1024];
+    snprintf(weights, sizeof weights, "%s/model.safetensors", dir);
+    if (access(weights, R_OK) != 0)
+        SKIP("no model (models/all-MiniLM-L6-v2 or $MHA_MODEL_DIR; `make model`)");
+    if (getenv("MHA_GEMM") && getenv("MHA_GEMM")[0])
+        SKIP("MHA_GEMM is set: this test chooses the routes itself");
+    mha_bert *m;
+    REQUIRE_OK(mha_bert_open(&m, dir));
+    REQUIRE(mha_bert_get_info(m)->hidden == D);
+    int32_t ids[400];
+    int64_t off[TEXTS + 1];
+    make_ids(ids, off);
+    static float fast[TEXTS * D], ref[TEXTS * D];
+    REQUIRE_OK(embed_with(m, NULL, fast, ids, off));
+    REQUIRE_OK(embed_with(m, "portable", ref, ids, off));
+    if (!mha_cpu_has_avx2_fma())
+        SKIP_PART("packed avx2 route: no AVX2+FMA here (both runs took the portable route)");
+    double any = 0;
+    for (int i = 0; i < TEXTS; i++) {
+        double dot = 0, na = 0, nb = 0, worst = 0;
+        for (int j = 0; j < D; j++) {
+            const double a = fast[i * D + j], b = ref[i * D + j];
+            dot += a * b, na += a * a, nb += b * b;
+            worst = fmax(worst, fabs(a - b));
+        }
+        const double cosine = dot / sqrt(na * nb);
+        if (!(worst <= 2e-5 && cosine >= 0.99999))
+            test_fail(__FILE__, __LINE__, "text %d: max |diff| %.3g, cosine %.8f", i, worst,
+                      cosine);
+        any = fmax(any, worst);
+    }
+    CHECK(any > 0 || !mha_cpu_has_avx2_fma()); /* two routes really ran */
+    mha_bert_free(m);
+#endif
+}

@@ -141,7 +141,7 @@ lib: $(STATIC) $(SHARED)
 cli: $(CLI)
 
 # ISA flags only on the kernel files that need them.
-$(BUILD)/src/kernels/%_avx2.o: CFLAGS_ += -mavx2 -mfma
+$(BUILD)/src/kernels/%_avx2.o: CFLAGS_ += -mavx2 -mfma -mf16c
 $(BUILD)/src/%.o: CFLAGS_ += -fvisibility=hidden -DMHA_BUILDING_LIBRARY
 $(BUILD)/tests/%.o: CFLAGS_ += -Icli -Isrc
 
@@ -179,7 +179,7 @@ else
   TEST_LIB_OBJ := $(LIB_SRC:%.c=$(TEST_BUILD)/%.o)
 endif
 
-$(TEST_BUILD)/src/kernels/%_avx2.o: CFLAGS_ += -mavx2 -mfma
+$(TEST_BUILD)/src/kernels/%_avx2.o: CFLAGS_ += -mavx2 -mfma -mf16c
 $(TEST_BUILD)/src/%.o: CFLAGS_ += -fvisibility=hidden -DMHA_BUILDING_LIBRARY -DMHA_TEST_HOOKS
 $(BUILD)/tests/unit/%.o: CFLAGS_ += -DMHA_TEST_HOOKS
 

@@ -43,7 +43,7 @@ static int run_case(int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t d, int
     mha_kv_cache *c = NULL;
     mha_tensor k = {0}, q = {0}, o = {0}, r = {0};
     int rc = CLI_OK;
-    mha_status st = mha_kv_cache_create(&c, B, Hkv, S, d, d, 0);
+    mha_status st = mha_kv_cache_create(&c, MHA_F32, B, Hkv, S, d, d, 0);
     if (st == MHA_OK)
         st = mha_tensor_create(&k, MHA_F32, 4, (int64_t[]){B, Hkv, S, d});
     if (st == MHA_OK)

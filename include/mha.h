@@ -129,9 +129,15 @@ MHA_API const char *mha_last_error(void);
 typedef enum mha_dtype {
     MHA_F32 = 0,  /* float                                       */
     MHA_BOOL = 1, /* uint8_t, 0 = false, anything else = true    */
-    MHA_F16 = 2,  /* IEEE half, storage only (files)              */
-    MHA_I64 = 3   /* int64_t (sequence lengths)                   */
+    MHA_F16 = 2,  /* IEEE binary16 (uint16_t bits)                */
+    MHA_I64 = 3,  /* int64_t (sequence lengths)                   */
+    MHA_BF16 = 4  /* bfloat16: the top 16 bits of a float         */
 } mha_dtype;
+
+/* The half types (MHA_F16, MHA_BF16) are storage: the attention kernels
+ * accept them for q, k, v and out (mha_sdpa_forward, the backward, the KV
+ * cache and decode) and compute in float32; everything else takes
+ * MHA_F32.  Rounding from float is to nearest even; NaN stays NaN. */
 
 typedef struct mha_tensor {
     void *data;                       /* first element                    */
@@ -157,6 +163,11 @@ MHA_API void mha_tensor_free(mha_tensor *t);
 
 /* Number of elements (product of the shape); checked for overflow. */
 MHA_API mha_status mha_tensor_numel(const mha_tensor *t, int64_t *numel);
+
+/* dst = src element by element, between MHA_F32, MHA_F16 and MHA_BF16 (any
+ * strides, same shape; to half: round to nearest even, overflow to inf).
+ * dst must be writable and not overlap src. */
+MHA_API mha_status mha_tensor_convert(mha_tensor *dst, const mha_tensor *src);
 
 /* ------------------------------------------------------------------------ */
 /* Execution control                                                         */
@@ -399,8 +410,14 @@ MHA_API mha_status mha_onnx_attention(mha_tensor *y, mha_tensor *present_key,
  * window = 0 keeps everything and an append past capacity is MHA_ERR_VALUE. */
 typedef struct mha_kv_cache mha_kv_cache;
 
-MHA_API mha_status mha_kv_cache_create(mha_kv_cache **cache, int64_t B, int64_t Hkv,
-                                       int64_t capacity, int64_t d, int64_t dv, int64_t window);
+/* dtype is the storage of keys and values: MHA_F32, or MHA_BF16 / MHA_F16
+ * for half the memory (append rounds to nearest even; decode reads the
+ * half values and computes in float32, P rounded to dtype before P.V). */
+MHA_API mha_status mha_kv_cache_create(mha_kv_cache **cache, mha_dtype dtype, int64_t B,
+                                       int64_t Hkv, int64_t capacity, int64_t d, int64_t dv,
+                                       int64_t window);
+/* The storage dtype given to create. */
+MHA_API mha_dtype mha_kv_cache_dtype(const mha_kv_cache *cache);
 MHA_API void mha_kv_cache_free(mha_kv_cache *cache);
 /* Appends n new steps: k (B,Hkv,n,d), v (B,Hkv,n,dv). */
 MHA_API mha_status mha_kv_cache_append(mha_kv_cache *cache, const mha_tensor *k,

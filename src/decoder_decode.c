@@ -107,7 +107,7 @@ mha_status mha_decoder_cache_create(mha_decoder_cache **cache, const mha_decoder
     mem2.ndim = 2, mem2.shape[0] = B * S, mem2.shape[1] = E, mem2.stride[0] = E;
     mem2.stride[1] = 1;
     for (int64_t l = 0; st == MHA_OK && l < c->layers; l++) {
-        st = mha_kv_cache_create(&c->self[l], B, num_heads, capacity, E / num_heads,
+        st = mha_kv_cache_create(&c->self[l], MHA_F32, B, num_heads, capacity, E / num_heads,
                                  E / num_heads, 0);
         for (int which = 1; st == MHA_OK && which <= 2; which++) { /* memory K, V once */
             mha_tensor y = rows2(c->mem_kv + (l * 2 + which - 1) * B * S * E, B * S, E);

@@ -96,6 +96,8 @@ bool mha_product(const int64_t *sizes, int n, int64_t *r);
 /* Validates a tensor argument: non-NULL view and data (unless empty),
  * exact rank, dtype.  name is used in messages. */
 mha_status mha_check_tensor(const mha_tensor *t, const char *name, int ndim, mha_dtype dtype);
+/* The same for a tensor of any float dtype: MHA_F32, MHA_F16 or MHA_BF16. */
+mha_status mha_check_float_tensor(const mha_tensor *t, const char *name, int ndim);
 
 /* Checks that the view's largest offset fits in memory arithmetic. */
 mha_status mha_check_extent(const mha_tensor *t, const char *name);

@@ -29,16 +29,19 @@
 
 struct mha_kv_cache {
     int64_t B, Hkv, capacity, d, dv, window;
+    mha_dtype dtype;  /* storage of k and v                               */
     int64_t slots;    /* capacity, or W with a window                    */
     int64_t pos;      /* tokens appended since create/reset              */
     float *k;         /* (B,Hkv,slots,d)                                  */
     float *v;         /* (B,Hkv,slots,dv)                                 */
 };
 
-mha_status mha_kv_cache_create(mha_kv_cache **cache, int64_t B, int64_t Hkv, int64_t capacity,
-                               int64_t d, int64_t dv, int64_t window) {
+mha_status mha_kv_cache_create(mha_kv_cache **cache, mha_dtype dtype, int64_t B, int64_t Hkv,
+                               int64_t capacity, int64_t d, int64_t dv, int64_t window) {
     MHA_CHECK(cache, MHA_ERR_NULL, "cache: NULL");
     *cache = NULL;
+    MHA_CHECK(dtype == MHA_F32, MHA_ERR_DTYPE, "kv cache: storage dtype %d not served yet",
+              (int)dtype);
     MHA_CHECK(B > 0 && Hkv > 0 && capacity > 0 && d > 0 && dv > 0, MHA_ERR_SHAPE,
               "kv cache: B %lld, Hkv %lld, capacity %lld, d %lld, dv %lld must be > 0",
               (long long)B, (long long)Hkv, (long long)capacity, (long long)d, (long long)dv);
@@ -59,7 +62,7 @@ mha_status mha_kv_cache_create(mha_kv_cache **cache, int64_t B, int64_t Hkv, int
         return mha_error(MHA_ERR_NOMEM, "kv cache: cannot allocate %lld + %lld floats",
                          (long long)nk, (long long)nv);
     }
-    c->B = B, c->Hkv = Hkv, c->capacity = capacity, c->d = d, c->dv = dv;
+    c->B = B, c->Hkv = Hkv, c->capacity = capacity, c->d = d, c->dv = dv, c->dtype = dtype;
     c->window = window, c->slots = slots;
     *cache = c;
     return MHA_OK;
@@ -470,3 +473,5 @@ mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q, const mha_
     mha_free(buf);
     return MHA_OK;
 }
+
+mha_dtype mha_kv_cache_dtype(const mha_kv_cache *cache) { return cache ? cache->dtype : MHA_F32; }

@@ -49,11 +49,13 @@ int mha_threads(void) {
 /* ---- the CPU ------------------------------------------------------------------ */
 
 /* The one CPU-feature probe: the fused attention kernels and the GEMM's avx2
- * path need AVX2 and FMA. */
+ * path need AVX2 and FMA; the half-precision loads F16C (every AVX2 CPU
+ * made has it, Haswell and Zen on). */
 bool mha_cpu_has_avx2_fma(void) {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
 #else
     return false;
 #endif

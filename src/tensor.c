@@ -1,5 +1,6 @@
 /* tensor.c - tensor views: construction, validation, broadcasting. */
 #include "internal.h"
+#include "kernels/convert.h"
 
 #include <string.h>
 
@@ -9,6 +10,7 @@ size_t mha_dtype_size(mha_dtype dtype) {
     case MHA_BOOL: return 1;
     case MHA_F16: return 2;
     case MHA_I64: return 8;
+    case MHA_BF16: return 2;
     }
     return 0;
 }
@@ -19,6 +21,7 @@ static const char *dtype_name(mha_dtype dtype) {
     case MHA_BOOL: return "bool";
     case MHA_F16: return "float16";
     case MHA_I64: return "int64";
+    case MHA_BF16: return "bfloat16";
     }
     return "unknown";
 }
@@ -112,16 +115,28 @@ static bool tensor_empty(const mha_tensor *t) {
     return false;
 }
 
-mha_status mha_check_tensor(const mha_tensor *t, const char *name, int ndim, mha_dtype dtype) {
+/* The checks every tensor argument gets; dtype_ok and want say which
+ * dtypes the caller takes. */
+static mha_status check_tensor_as(const mha_tensor *t, const char *name, int ndim, bool dtype_ok,
+                                  const char *want) {
     MHA_CHECK(t != NULL, MHA_ERR_NULL, "%s: NULL tensor", name);
     char sb[MHA_SHAPE_BUF];
     MHA_CHECK(t->ndim == ndim, MHA_ERR_SHAPE, "%s: expected %d dimensions, got shape %s", name,
               ndim, mha_shape_str(t, sb, sizeof sb));
-    MHA_CHECK(t->dtype == dtype, MHA_ERR_DTYPE, "%s: expected %s, got %s", name,
-              dtype_name(dtype), dtype_name(t->dtype));
+    MHA_CHECK(dtype_ok, MHA_ERR_DTYPE, "%s: expected %s, got %s", name, want,
+              dtype_name(t->dtype));
     MHA_TRY(mha_check_extent(t, name));
     MHA_CHECK(t->data != NULL || tensor_empty(t), MHA_ERR_NULL, "%s: NULL data", name);
     return MHA_OK;
+}
+
+mha_status mha_check_tensor(const mha_tensor *t, const char *name, int ndim, mha_dtype dtype) {
+    return check_tensor_as(t, name, ndim, t && t->dtype == dtype, dtype_name(dtype));
+}
+
+mha_status mha_check_float_tensor(const mha_tensor *t, const char *name, int ndim) {
+    return check_tensor_as(t, name, ndim, t && mha_dtype_is_float(t->dtype),
+                           "float32, float16 or bfloat16");
 }
 
 mha_status mha_check_writable(const mha_tensor *t, const char *name) {
@@ -204,5 +219,34 @@ mha_status mha_broadcast4(const mha_tensor *t, const char *name, const int64_t w
     bool empty = want[0] == 0 || want[1] == 0 || want[2] == 0 || want[3] == 0;
     MHA_CHECK(v.data != NULL || empty, MHA_ERR_NULL, "%s: NULL data", name);
     *view = v;
+    return MHA_OK;
+}
+
+/* ---- conversion --------------------------------------------------------- */
+
+mha_status mha_tensor_convert(mha_tensor *dst, const mha_tensor *src) {
+    MHA_CHECK(src && dst, MHA_ERR_NULL, "tensor_convert: NULL tensor");
+    char s1[MHA_SHAPE_BUF], s2[MHA_SHAPE_BUF];
+    MHA_TRY(mha_check_float_tensor(src, "src", src->ndim));
+    MHA_TRY(mha_check_float_tensor(dst, "dst", src->ndim));
+    for (int i = 0; i < src->ndim; i++)
+        MHA_CHECK(dst->shape[i] == src->shape[i], MHA_ERR_SHAPE,
+                  "dst: shape %s, want src's %s", mha_shape_str(dst, s1, sizeof s1),
+                  mha_shape_str(src, s2, sizeof s2));
+    MHA_TRY(mha_check_writable(dst, "dst"));
+    MHA_CHECK(!mha_tensors_overlap(dst, src), MHA_ERR_ALIAS, "dst: overlaps src");
+    int64_t n;
+    MHA_TRY(mha_tensor_numel(src, &n));
+    int64_t shape[MHA_MAX_DIMS] = {1, 1, 1, 1}, ss[MHA_MAX_DIMS] = {0}, ds[MHA_MAX_DIMS] = {0};
+    const int off = MHA_MAX_DIMS - src->ndim; /* right-align into 4 dims */
+    for (int i = 0; i < src->ndim; i++)
+        shape[off + i] = src->shape[i], ss[off + i] = src->stride[i], ds[off + i] = dst->stride[i];
+    for (int64_t a = 0; a < shape[0] && n > 0; a++)
+        for (int64_t b = 0; b < shape[1]; b++)
+            for (int64_t c = 0; c < shape[2]; c++)
+                for (int64_t e = 0; e < shape[3]; e++)
+                    mha_store_f(dst->data, dst->dtype, a * ds[0] + b * ds[1] + c * ds[2] + e * ds[3],
+                                mha_load_f(src->data, src->dtype,
+                                           a * ss[0] + b * ss[1] + c * ss[2] + e * ss[3]));
     return MHA_OK;
 }

@@ -529,7 +529,7 @@ static PyObject *py_kv_cache_create(PyObject *self, PyObject *const *a, Py_ssize
     if (!ok)
         return NULL;
     mha_kv_cache *c = NULL;
-    mha_status st = mha_kv_cache_create(&c, v[0], v[1], v[2], v[3], v[4], v[5]);
+    mha_status st = mha_kv_cache_create(&c, MHA_F32, v[0], v[1], v[2], v[3], v[4], v[5]);
     if (st != MHA_OK)
         return raise_status(st);
     PyObject *cap = PyCapsule_New(c, KV_CAPSULE, kv_cache_destroy);

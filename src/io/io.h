@@ -99,11 +99,8 @@ MHA_API int64_t mha_test_io_count(void);
 
 /* ---- conversions shared by the readers and writers ----------------------- */
 
-/* IEEE half / bfloat16 <-> float, round to nearest even (ref: IEEE 754-2008
- * §4.3.1; NaN payloads kept quiet). */
-float mha_half_to_float(uint16_t h);
-uint16_t mha_float_to_half(float f);
-float mha_bf16_to_float(uint16_t b);
+/* IEEE half / bfloat16 <-> float: src/kernels/convert.h. */
+#include "../kernels/convert.h"
 
 /* Little-endian loads (the formats are little-endian; valid on any host). */
 static inline uint16_t mha_le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }

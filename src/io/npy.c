@@ -350,6 +350,7 @@ static void convert(void *dst, mha_dtype want, const uint8_t *src, int64_t n, co
                     ? mha_le16(src)
                     : mha_float_to_half(raw_float(src, h));
             break;
+        case MHA_BF16: ((uint16_t *)dst)[i] = mha_float_to_bf16(raw_float(src, h)); break;
         case MHA_BOOL: ((uint8_t *)dst)[i] = (uint8_t)raw_truth(src, h); break;
         case MHA_I64: ((int64_t *)dst)[i] = raw_int(src, h); break;
         }

@@ -782,6 +782,7 @@ static const char *st_dtype_of(mha_dtype d) {
     switch (d) {
     case MHA_F32: return "F32";
     case MHA_F16: return "F16";
+    case MHA_BF16: return "BF16";
     case MHA_BOOL: return "BOOL";
     case MHA_I64: return "I64";
     }

@@ -20,7 +20,7 @@ static double decode_vs_forward(int64_t window, int extras, int steps) {
     mha_randn(ka, sizeof ka / sizeof *ka, 22, 1.0f);
     mha_randn(va, sizeof va / sizeof *va, 23, 1.0f);
     mha_kv_cache *c;
-    if (mha_kv_cache_create(&c, B, HKV, T, D, DV, window) != MHA_OK)
+    if (mha_kv_cache_create(&c, MHA_F32, B, HKV, T, D, DV, window) != MHA_OK)
         return INFINITY;
     float slopes[HQ] = {0.5f, 0.25f, 0.125f, 0.0625f}, sinks[HQ] = {0.1f, -1.0f, 2.0f, 0.0f};
     mha_tensor A, Sk;
@@ -95,7 +95,7 @@ TEST(modern_decode_with_rope_alibi_sinks_softcap) {
     mha_tensor_init(&Sk, MHA_F32, sinks, 1, (int64_t[]){HQ});
     for (int64_t window = 0; window <= 8; window += 8) {
         mha_kv_cache *c;
-        REQUIRE_OK(mha_kv_cache_create(&c, B, HKV, T, D, DV, window));
+        REQUIRE_OK(mha_kv_cache_create(&c, MHA_F32, B, HKV, T, D, DV, window));
         double worst = 0;
         for (int t = 0; t < T; t++) {
             mha_tensor Kt = test_view4(ka + t * D, B, HKV, 1, D), Vt = test_view4(va + t * DV, B, HKV, 1, DV);
@@ -140,7 +140,7 @@ TEST(modern_decode_splits_long_cache_bit_identical_across_threads) {
     mha_randn(v, B * HKV * T * DV, 42, 1.0f);
     mha_randn(q, B * HQ * D, 43, 1.0f);
     mha_kv_cache *c;
-    REQUIRE_OK(mha_kv_cache_create(&c, B, HKV, T, D, DV, 0));
+    REQUIRE_OK(mha_kv_cache_create(&c, MHA_F32, B, HKV, T, D, DV, 0));
     mha_tensor K = test_view4(k, B, HKV, T, D), V = test_view4(v, B, HKV, T, DV), Q = test_view4(q, B, HQ, 1, D);
     REQUIRE_OK(mha_kv_cache_append(c, &K, &V)); /* prefill: 3 splits of 256 */
     mha_tensor O1 = test_view4(o1, B, HQ, 1, DV), O2 = test_view4(o2, B, HQ, 1, DV), O3 = test_view4(o3, B, HQ, 1, DV);
@@ -268,7 +268,7 @@ TEST(modern_decoder_decode_equals_causal_stack_forward) {
 static mha_status oom_decode(void) {
     static float kv[2 * 2 * 300 * 4], q[2 * 4 * 4], o[2 * 4 * 4];
     mha_kv_cache *c;
-    MHA_TRY(mha_kv_cache_create(&c, 2, 2, 300, 4, 4, 0));
+    MHA_TRY(mha_kv_cache_create(&c, MHA_F32, 2, 2, 300, 4, 4, 0));
     mha_tensor K = test_view4(kv, 2, 2, 300, 4), Q = test_view4(q, 2, 4, 1, 4), O = test_view4(o, 2, 4, 1, 4);
     mha_status st = mha_kv_cache_append(c, &K, &K);
     mha_sdpa_options op;
@@ -297,7 +297,7 @@ TEST(modern_decode_window_ring_across_splits) {
     mha_tensor A;
     mha_tensor_init(&A, MHA_F32, slopes, 1, (int64_t[]){HQ});
     mha_kv_cache *c;
-    REQUIRE_OK(mha_kv_cache_create(&c, 1, HKV, W, D, D, W));
+    REQUIRE_OK(mha_kv_cache_create(&c, MHA_F32, 1, HKV, W, D, D, W));
     /* prefill 950 tokens one block (the ring keeps the last 600), then 50 steps */
     mha_tensor K = test_view4(k, 1, HKV, 950, D), V = test_view4(v, 1, HKV, 950, D);
     K.stride[1] = T * D, V.stride[1] = T * D;

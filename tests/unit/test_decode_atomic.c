@@ -196,7 +196,7 @@ TEST(decode_step_failure_leaves_cache_identical) {
 
 TEST(decode_kv_cache_append_failure_leaves_cache_identical) {
     mha_kv_cache *c;
-    REQUIRE_OK(mha_kv_cache_create(&c, 1, 2, 3, 4, 4, 0));
+    REQUIRE_OK(mha_kv_cache_create(&c, MHA_F32, 1, 2, 3, 4, 4, 0));
     float k[2 * 2 * 4], v[2 * 2 * 4];
     mha_randn(k, 16, 1, 1.0f), mha_randn(v, 16, 2, 1.0f);
     mha_tensor K, V, Vbad;

@@ -621,7 +621,7 @@ static mha_status call_kv_cache(void *ctx) {
     mha_tensor_init(&Q, MHA_F32, q, 4, (int64_t[]){2, 4, 1, 4});
     mha_tensor_init(&O, MHA_F32, o, 4, (int64_t[]){2, 4, 1, 4});
     mha_kv_cache *cache = (mha_kv_cache *)(uintptr_t)1;
-    mha_status st = mha_kv_cache_create(&cache, 2, 2, 6, 4, 4, 0);
+    mha_status st = mha_kv_cache_create(&cache, MHA_F32, 2, 2, 6, 4, 4, 0);
     if (st != MHA_OK) {
         CHECK(cache == NULL);
         return st;

@@ -128,7 +128,8 @@ static void round_row_scalar(float *s, int64_t n, mha_dtype dt) {
 }
 
 static const mha_flash_isa isa_scalar = {"scalar",          qk_scalar,      pv_scalar,
-                                         row_scores_scalar, row_exp_scalar, round_row_scalar};
+                                         row_scores_scalar, row_exp_scalar, round_row_scalar,
+                                         NULL};
 
 /* ---- packing ----------------------------------------------------------------- */
 
@@ -144,6 +145,24 @@ typedef struct flash_plan {
     float scale;        /* of the product (1 with the ONNX scale: packed in) */
     size_t ws_floats;   /* per-thread workspace                             */
 } flash_plan;
+
+/* dst[i * dstep] = mul * element (off + i * stride[3]) of t, i < n: one
+ * row of q, k or v widened to float32, by the ISA's vector conversion when
+ * the row is a contiguous half row. */
+static void load_row(const flash_plan *pl, float *dst, int64_t dstep, const mha_tensor *t,
+                     int64_t off, int64_t n, float mul) {
+    if (t->dtype == MHA_F32 || t->stride[3] != 1 || !pl->isa->widen_row) {
+        mha_gather_f(dst, dstep, t->data, t->dtype, off, t->stride[3], n, mul);
+        return;
+    }
+    float tmp[256];
+    for (int64_t c0 = 0; c0 < n; c0 += 256) {
+        const int64_t m = n - c0 < 256 ? n - c0 : 256;
+        pl->isa->widen_row(tmp, (const uint16_t *)t->data + off + c0, t->dtype, m);
+        for (int64_t c = 0; c < m; c++)
+            dst[(c0 + c) * dstep] = tmp[c] * mul;
+    }
+}
 
 /* Packs key block kb of pair (b, hk) into kp (BC/NR, d, NR) and vp
  * (dvp/NR, BC, NR), zero padded; returns true when V holds a non-finite
@@ -161,15 +180,14 @@ static bool pack_kv_block(const flash_plan *pl, int64_t b, int64_t hk, int64_t k
     memset(vp, 0, sizeof(float) * (size_t)(BC * pl->dvp));
     bool nonfinite = false;
     for (int64_t j = 0; j < n; j++) {
-        mha_gather_f(kp + (j / NR) * d * NR + j % NR, NR, p->k.data, p->k.dtype,
-                     k0 + (j0 + j) * p->k.stride[2], p->k.stride[3], d, ks);
+        load_row(pl, kp + (j / NR) * d * NR + j % NR, NR, &p->k, k0 + (j0 + j) * p->k.stride[2], d,
+                 ks);
         float *vd = vp + j * NR;
         for (int64_t c0 = 0; c0 < dv; c0 += NR) { /* one NR-column panel at a time */
             const int64_t nc = dv - c0 < NR ? dv - c0 : NR;
             float *panel = vd + (c0 / NR) * BC * NR;
-            mha_gather_f(panel, 1, p->v.data, p->v.dtype,
-                         v0 + (j0 + j) * p->v.stride[2] + c0 * p->v.stride[3], p->v.stride[3],
-                         nc, 1.0f);
+            load_row(pl, panel, 1, &p->v, v0 + (j0 + j) * p->v.stride[2] + c0 * p->v.stride[3],
+                     nc, 1.0f);
             for (int64_t c = 0; c < nc; c++)
                 nonfinite |= !isfinite(panel[c]);
         }
@@ -309,8 +327,7 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
     const int64_t q0 = b * p->q.stride[0] + h * p->q.stride[1];
     const float qs = p->onnx_scale ? p->qk_scale : 1.0f; /* ONNX: q * sqrt(scale) */
     for (int64_t r = 0; r < rows; r++)
-        mha_gather_f(w->qp + r * d, 1, p->q.data, p->q.dtype, q0 + (i0 + r) * p->q.stride[2],
-                     p->q.stride[3], d, qs);
+        load_row(pl, w->qp + r * d, 1, &p->q, q0 + (i0 + r) * p->q.stride[2], d, qs);
     memset(w->qp + rows * d, 0, sizeof(float) * (size_t)((rowsp - rows) * d));
     memset(w->o, 0, sizeof(float) * (size_t)(rowsp * dvp));
     for (int64_t r = 0; r < rows; r++)

@@ -49,6 +49,9 @@ typedef struct mha_flash_isa {
     /* s[j] = s[j] rounded to dt (MHA_F16 or MHA_BF16) and back, over [0, n):
      * bit-identical to mha_round_to (convert.h), -0.0f stays -0.0f. */
     void (*round_row)(float *s, int64_t n, mha_dtype dt);
+    /* dst[0, n) = the contiguous half row src (MHA_F16 or MHA_BF16) widened
+     * exactly to float32; NULL: the driver's scalar conversion. */
+    void (*widen_row)(float *dst, const uint16_t *src, mha_dtype dt, int64_t n);
 } mha_flash_isa;
 
 /* Runs p with the given inner loops (threads, workspace, all options). */

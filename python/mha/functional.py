@@ -86,11 +86,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if q.shape[1] != k.shape[1] and not enable_gqa:
         raise ValueError("key: %d heads but query has %d; pass enable_gqa=True for grouped-"
                          "query attention" % (k.shape[1], q.shape[1]))
-    if dtype == "float32" and (out is None or type(out) is _ndarray):
+    half = dtype != "float32"
+    if half or (out is not None and type(out) is not _ndarray):
+        returned, result = attention_output(shape, dtype, like_torch, out)
+    else:
         result = np.empty(shape, _float32) if out is None else out_buffer(out, shape)
         returned = out if out is not None else _torch_from_numpy(result) if like_torch else result
-    else:
-        returned, result = attention_output(shape, dtype, like_torch, out)
     m = attn_mask
     if m is not None:
         m = attention_mask(m, "attn_mask", dtype)
@@ -98,10 +99,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             m = _as4(m, "attn_mask")
     rows = 0 if masked_rows == "zero" else masked_rows_id(masked_rows)
     kid = 0 if kernel == "auto" else kernel_id(kernel)
-    views = (result if nd == 4 else _as4(result, "out"), q, k, v)
-    args = (*(views if dtype == "float32" else marked(dtype, *views)), m, 0, None, 0,
-            1 if is_causal else 0, scale, dropout_p, seed_or_random(seed) if dropout_p else 0,
-            rows, None, None, kid)
+    o = result if nd == 4 else _as4(result, "out")
+    if half:
+        o, q, k, v = marked(dtype, o, q, k, v)
+    args = (o, q, k, v, m, 0, None, 0, 1 if is_causal else 0, scale, dropout_p,
+            seed_or_random(seed) if dropout_p else 0, rows, None, None, kid)
     try:  # call() inlined: this is the per-call floor (bench/python_bench.py)
         _mha.sdpa(*args)
     except _mha.LayoutError:

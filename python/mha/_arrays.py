@@ -189,9 +189,9 @@ def attention_mask(x, name, dtype):
     allows it), widened to float32 (a counted copy)."""
     if x is None or dtype == "float32":
         return mask(x, name)
-    if is_torch(x) and _cpu(x, name).dtype is getattr(_torch(), dtype):
+    if is_torch(x) and x.dtype is getattr(_torch(), dtype):
         count_copy()
-        return x.float().numpy()
+        return _cpu(x, name).float().numpy()
     if isinstance(x, np.ndarray) and x.dtype == _F16 and dtype == "float16":
         count_copy()
         return x.astype(np.float32)

@@ -274,7 +274,8 @@ def test_masks_for_half_inputs(dtype):
     fm = torch.randn(2, 1, 6, 9, generator=g)
     want = mha.scaled_dot_product_attention(q, k, v, attn_mask=fm.to(q.dtype).float())
     before = mha.copies()
-    got = mha.scaled_dot_product_attention(q, k, v, attn_mask=fm.to(q.dtype))  # torch allows it
+    half_mask = fm.to(q.dtype).requires_grad_()  # torch allows a mask of q's dtype
+    got = mha.scaled_dot_product_attention(q, k, v, attn_mask=half_mask)
     assert mha.copies() == before + 1  # widened to the float32 mask mha reads
     assert torch.equal(got, want)
     if dtype == "float16":  # NumPy float16 throughout

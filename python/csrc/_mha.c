@@ -5,8 +5,12 @@
  * Every array argument is any object exporting the buffer protocol with
  * strides (NumPy arrays; torch tensors reach here as their zero-copy
  * .numpy() views): its memory is handed to mha as an mha_tensor view,
- * never copied.  Formats: 'f' float32, '?'/'B' bool (uint8, nonzero =
- * true), 'q'/'l' (8 bytes) int64.  Outputs are buffers the caller (the
+ * never copied.  Formats: 'f' float32, 'e' float16 (MHA_F16), '?'/'B'
+ * bool (uint8, nonzero = true), 'q'/'l' (8 bytes) int64.  bfloat16 has no
+ * buffer-protocol format: it arrives as a bf16 object (the type below)
+ * wrapping a 2-byte integer buffer ('h'/'H') that holds the bits; a bare
+ * int16/uint16 buffer is refused, never taken as bf16.  Which argument may
+ * be half is mha's business (its status says).  Outputs are buffers the caller (the
  * Python layer, python/mha/) allocated, acquired writable.  None means
  * "absent" (a NULL tensor).  The GIL is released around every mha call;
  * the held buffers keep the exporters alive and unresizable meanwhile.
@@ -21,6 +25,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 #include <stdint.h>
 #include <string.h>
@@ -70,14 +75,71 @@ static void release(held *h) {
     h->n = 0;
 }
 
-static int dtype_of(const Py_buffer *b, mha_dtype *dt) {
+/* ---- bf16: the explicit marking of bfloat16 bits ----------------------------
+ * bf16(array): array is any strided buffer of 2-byte integers ('h' or 'H',
+ * e.g. torch's bf16_tensor.view(torch.int16).numpy()) holding bfloat16
+ * bits; view() reads it as MHA_BF16, zero-copy, input or output. */
+typedef struct bf16_object {
+    PyObject_HEAD
+    PyObject *array; /* the wrapped buffer exporter */
+} bf16_object;
+
+static void bf16_dealloc(PyObject *self) {
+    Py_XDECREF(((bf16_object *)self)->array);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyObject *bf16_new(PyTypeObject *type, PyObject *args, PyObject *kwds);
+
+static PyMemberDef bf16_members[] = {
+    {"array", T_OBJECT, offsetof(bf16_object, array), READONLY,
+     "the 2-byte integer buffer holding the bfloat16 bits"},
+    {NULL, 0, 0, 0, NULL}};
+
+static PyTypeObject bf16_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mha._mha.bf16",
+    .tp_basicsize = sizeof(bf16_object),
+    .tp_dealloc = bf16_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "bf16(array): array (int16/uint16 buffer) read as bfloat16 bits",
+    .tp_members = bf16_members,
+    .tp_new = bf16_new,
+};
+
+static PyObject *bf16_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *array;
+    if (kwds && PyDict_Size(kwds) != 0) {
+        PyErr_SetString(PyExc_TypeError, "bf16() takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "O:bf16", &array))
+        return NULL;
+    bf16_object *self = (bf16_object *)type->tp_alloc(type, 0);
+    if (self) {
+        Py_INCREF(array);
+        self->array = array;
+    }
+    return (PyObject *)self;
+}
+
+/* The element format of b without its byte-order prefix ("" if it has
+ * more than one character). */
+static char format_char(const Py_buffer *b) {
     const char *f = b->format ? b->format : "B";
     if (*f == '@' || *f == '=' || *f == '<')
         f++;
-    if (f[0] == '\0' || f[1] != '\0')
-        return 0;
-    switch (f[0]) {
+    return f[0] != '\0' && f[1] == '\0' ? f[0] : '\0';
+}
+
+static int dtype_of(const Py_buffer *b, int bf16, mha_dtype *dt) {
+    char f = format_char(b);
+    if (bf16) {
+        *dt = MHA_BF16;
+        return (f == 'h' || f == 'H') && b->itemsize == 2;
+    }
+    switch (f) {
     case 'f': *dt = MHA_F32; return b->itemsize == 4;
+    case 'e': *dt = MHA_F16; return b->itemsize == 2;
     case '?':
     case 'B': *dt = MHA_BOOL; return b->itemsize == 1;
     case 'q':
@@ -96,6 +158,9 @@ static mha_tensor *view(held *h, PyObject *obj, const char *name, int writable, 
         *ok = 0;
         return NULL;
     }
+    int bf16 = Py_TYPE(obj) == &bf16_type;
+    if (bf16)
+        obj = ((bf16_object *)obj)->array;
     Py_buffer *b = &h->buf[h->n];
     if (PyObject_GetBuffer(obj, b, writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO) != 0) {
         PyErr_Format(PyExc_ValueError, "%s: not a %s strided array (%s)", name,
@@ -106,11 +171,14 @@ static mha_tensor *view(held *h, PyObject *obj, const char *name, int writable, 
     h->n++;
     mha_tensor *t = &h->t[h->n - 1];
     memset(t, 0, sizeof *t);
-    if (!dtype_of(b, &t->dtype)) {
+    if (!dtype_of(b, bf16, &t->dtype)) {
         PyErr_Format(PyExc_ValueError,
-                     "%s: dtype with element format '%s' is not supported: mha computes in "
-                     "float32 (convert with .astype(np.float32) or .float()); masks bool or "
-                     "float32", name, b->format ? b->format : "B");
+                     bf16 ? "%s: bf16() wraps element format '%s'; want 2-byte integers "
+                            "('h' or 'H') holding bfloat16 bits"
+                          : "%s: dtype with element format '%s' is not supported: mha takes "
+                            "float32 (float16 or bfloat16 where the function says; convert "
+                            "with .astype(np.float32) or .float()); masks bool or float32",
+                     name, b->format ? b->format : "B");
         *ok = 0;
         return NULL;
     }
@@ -961,6 +1029,16 @@ PyMODINIT_FUNC PyInit__mha(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m)
         return NULL;
+    if (PyType_Ready(&bf16_type) != 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&bf16_type);
+    if (PyModule_AddObject(m, "bf16", (PyObject *)&bf16_type) != 0) {
+        Py_DECREF(&bf16_type);
+        Py_DECREF(m);
+        return NULL;
+    }
     LayoutError = PyErr_NewException("mha._mha.LayoutError", PyExc_ValueError, NULL);
     Py_XINCREF(LayoutError); /* one reference for the module, one for this file */
     if (!LayoutError || PyModule_AddObject(m, "LayoutError", LayoutError) != 0 ||

@@ -2,14 +2,22 @@
 CPU torch tensors through their zero-copy ``.numpy()`` view, and the one
 counter of the copies this package makes (``mha.copies()``).
 
-mha computes in float32 and reads any non-negative strides, so a float32
-array of any layout NumPy or torch produces is passed without a copy.  The
-only copies: an input with a negative stride (NumPy's ``a[::-1]``), which
-mha's views cannot express (mha refuses it, call() copies and retries), and the layers' inputs when they are not
-row-major (mha's Transformer layers read contiguous rows).  Each one adds
-1 to ``copies()``.  Other dtypes (float64, float16, bfloat16, ints where a
-float is wanted) are refused with ValueError: convert them yourself, e.g.
-``x.float()`` or ``x.astype(np.float32)``.
+mha reads any non-negative strides, so an array of any layout NumPy or
+torch produces is passed without a copy.  Dtypes: float32 everywhere;
+scaled_dot_product_attention (and mha.torch's) also takes float16 (NumPy or
+torch) and torch.bfloat16 for query, key, value and out, all three of one
+dtype as torch requires, computed by mha's half path.  bfloat16 has no
+NumPy dtype: its tensor travels as the int16 view ``x.view(torch.int16)
+.numpy()`` of the same memory inside ``_mha.bf16(...)``, the explicit
+marking the extension reads as bfloat16 (a bare int16/uint16 array is never
+taken as bf16).  The only copies: an input with a negative stride (NumPy's
+``a[::-1]``), which mha's views cannot express (mha refuses it, call()
+copies and retries), the layers' inputs when they are not row-major (mha's
+Transformer layers read contiguous rows), and a half-precision float mask
+given with half inputs (widened to the float32 mask mha reads).  Each one
+adds 1 to ``copies()``.  Other dtypes (float64, ints where a float is
+wanted, half where a function takes float32) are refused with ValueError:
+convert them yourself, e.g. ``x.float()`` or ``x.astype(np.float32)``.
 """
 import random
 import sys
@@ -24,6 +32,8 @@ KERNELS = {"auto": 0, "ref": 1, "scalar": 2, "avx2": 3}
 MASKED_ROWS = {"zero": 0, "nan": 1}
 _MASK_DTYPES = (np.dtype(np.bool_), np.dtype(np.float32), np.dtype(np.uint8))
 _F32 = np.dtype(np.float32)
+_F16 = np.dtype(np.float16)
+_NUMPY_ATTENTION_DTYPES = {_F32: "float32", _F16: "float16"}
 
 
 def copies():
@@ -48,18 +58,28 @@ def is_torch(x):
 _torch_dtypes = {}
 
 
-def _from_torch(x, name, allowed):
-    if not x.is_cpu:
-        raise ValueError("%s: a %s tensor; mha runs on the CPU (use .cpu())" % (name, x.device))
+def _torch_dtype(x):
+    """The NumPy dtype of a torch tensor's .numpy() view (None: none, or bfloat16)."""
     if not _torch_dtypes:
         t = _torch()
-        _torch_dtypes.update({t.float32: np.dtype(np.float32), t.bool: np.dtype(np.bool_),
+        _torch_dtypes.update({t.float32: _F32, t.float16: _F16, t.bool: np.dtype(np.bool_),
                               t.uint8: np.dtype(np.uint8), t.int64: np.dtype(np.int64)})
-    dt = _torch_dtypes.get(x.dtype)
+    return _torch_dtypes.get(x.dtype)
+
+
+def _cpu(x, name):
+    if not x.is_cpu:
+        raise ValueError("%s: a %s tensor; mha runs on the CPU (use .cpu())" % (name, x.device))
+    return x.detach() if x.requires_grad else x
+
+
+def _from_torch(x, name, allowed):
+    x = _cpu(x, name)
+    dt = _torch_dtype(x)
     if dt is None or dt not in allowed:
-        raise ValueError("%s: dtype %s is not supported (mha computes in float32; convert with "
-                         ".float())" % (name, x.dtype))
-    return (x.detach() if x.requires_grad else x).numpy()
+        raise ValueError("%s: dtype %s is not supported (mha computes in float32 here; "
+                         "convert with .float())" % (name, x.dtype))
+    return x.numpy()
 
 
 def call(fn, *args):
@@ -73,6 +93,8 @@ def call(fn, *args):
 
 
 def _positive_strides(a):
+    if type(a) is _mha.bf16:
+        return _mha.bf16(_positive_strides(a.array))
     if type(a) is np.ndarray and min(a.strides, default=0) < 0:
         count_copy()
         return np.ascontiguousarray(a)
@@ -116,12 +138,94 @@ def i64(x, name):
 
 
 def out_buffer(out, shape, name="out"):
-    """The caller's out= array, checked to have `shape` (the extension
-    checks that it is writable float32 with non-negative strides)."""
-    o = out if type(out) is np.ndarray else f32(out, name)
+    """The caller's out= array, checked to be float32 of `shape` (the
+    extension checks that it is writable with non-negative strides)."""
+    o = out if type(out) is np.ndarray and out.dtype == _F32 else f32(out, name)
     if o.shape != tuple(shape):
         raise ValueError("%s: shape %s, want %s" % (name, o.shape, tuple(shape)))
     return o
+
+
+# ---- half precision: scaled_dot_product_attention's query, key, value, out
+
+def attention_array(x, name):
+    """(the NumPy view of x mha reads, its dtype name "float32" | "float16" |
+    "bfloat16"), zero-copy; a bfloat16 tensor gives its int16 view (pass it
+    through marked())."""
+    if is_torch(x):
+        x = _cpu(x, name)
+        if x.dtype is _torch().bfloat16:
+            return x.view(_torch().int16).numpy(), "bfloat16"
+        dt = _torch_dtype(x)
+        if dt in _NUMPY_ATTENTION_DTYPES:
+            return x.numpy(), _NUMPY_ATTENTION_DTYPES[dt]
+        got = x.dtype
+    elif isinstance(x, np.ndarray):
+        dt = _NUMPY_ATTENTION_DTYPES.get(x.dtype)
+        if dt is not None:
+            return np.asarray(x), dt
+        got = x.dtype
+    else:
+        raise TypeError("%s: %s is not a NumPy array or a torch tensor" % (name, type(x).__name__))
+    raise ValueError("%s: dtype %s is not supported (float32, float16 or torch.bfloat16; "
+                     "convert with .float() or .astype(np.float32))" % (name, got))
+
+
+def attention_inputs(query, key, value):
+    """The views of SDPA's query, key and value (attention_array) and their
+    one dtype name; ValueError when the dtypes differ (torch's rule)."""
+    (q, dq), (k, dk), (v, dv) = (attention_array(x, n) for x, n in
+                                 ((query, "query"), (key, "key"), (value, "value")))
+    if not dq == dk == dv:
+        raise ValueError("query, key, value: dtypes %s, %s, %s; they must share one dtype "
+                         "(torch: \"Expected query, key, and value to have the same dtype\")"
+                         % (dq, dk, dv))
+    return q, k, v, dq
+
+
+def attention_mask(x, name, dtype):
+    """An SDPA mask for inputs of dtype (a name): bool or float32 as mask()
+    takes them, or, for half inputs, a float mask of that same dtype (torch
+    allows it), widened to float32 (a counted copy)."""
+    if x is None or dtype == "float32":
+        return mask(x, name)
+    if is_torch(x) and x.dtype is getattr(_torch(), dtype):
+        count_copy()
+        return _cpu(x, name).float().numpy()
+    if isinstance(x, np.ndarray) and x.dtype == _F16 and dtype == "float16":
+        count_copy()
+        return x.astype(np.float32)
+    if not (is_torch(x) or isinstance(x, np.ndarray)) or (
+            (_torch_dtype(x) if is_torch(x) else x.dtype) in _MASK_DTYPES):
+        return mask(x, name)
+    raise ValueError("%s: dtype %s; want bool, float32 or the query's dtype (%s)"
+                     % (name, x.dtype, dtype))
+
+
+def attention_output(shape, dtype, like_torch, out=None):
+    """(the result to return, the NumPy view mha writes): out when given,
+    checked to have `shape` and dtype; else a new array (a torch tensor when
+    like_torch; bfloat16 is always one)."""
+    if out is not None:
+        a, got = attention_array(out, "out")
+        if got != dtype:
+            raise ValueError("out: dtype %s, want %s (the inputs' dtype)" % (got, dtype))
+        if a.shape != tuple(shape):
+            raise ValueError("out: shape %s, want %s" % (a.shape, tuple(shape)))
+        return out, a
+    if dtype == "bfloat16":
+        t = _torch().empty(shape, dtype=_torch().bfloat16)
+        return t, t.view(_torch().int16).numpy()
+    a = np.empty(shape, _F32 if dtype == "float32" else _F16)
+    return wrap(a, like_torch), a
+
+
+def marked(dtype, *arrays):
+    """arrays as the extension takes them for dtype: bfloat16's int16 views
+    inside _mha.bf16 (None stays None), the others as they are."""
+    if dtype != "bfloat16":
+        return arrays
+    return tuple(None if a is None else _mha.bf16(a) for a in arrays)
 
 
 def rows(x, name):

@@ -3,6 +3,11 @@
 from typing import Any, Dict, List, Tuple
 
 version: str
+
+class bf16:
+    """bf16(array): a 2-byte integer buffer ('h'/'H') read as bfloat16 bits."""
+    array: Any
+    def __init__(self, array: Any) -> None: ...
 source_root: str
 
 def sdpa(*args: Any) -> None: ...

@@ -13,11 +13,13 @@ import threading
 import numpy as np
 
 from . import _mha
-from ._arrays import (call, count_copy, f32, i64, is_torch, kernel_id,
-                      mask, masked_rows_id, out_buffer, seed_or_random, wrap)
+from ._arrays import (attention_inputs, attention_mask, attention_output, call, count_copy,
+                      f32, i64, is_torch, kernel_id, marked, mask, masked_rows_id, out_buffer,
+                      seed_or_random, wrap)
 
 _ndarray = np.ndarray
 _float32 = np.float32
+_F32 = np.dtype(np.float32)
 
 
 def _torch_from_numpy(a):
@@ -57,15 +59,24 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     scale: default 1/sqrt(d).  dropout_p > 0 drops attention weights with
     mha's counter-based generator (seed: a 64-bit int, random when None).
     A query row whose every key is masked gives 0 (masked_rows="zero",
-    FlashAttention/ONNX) or NaN ("nan").  out: a float32 array of the
-    output's shape to write into (returned).  kernel: "auto", "ref",
+    FlashAttention/ONNX) or NaN ("nan").  out: an array of the output's
+    shape and dtype to write into (returned).  kernel: "auto", "ref",
     "scalar" or "avx2".
+
+    Dtypes: float32, float16 (NumPy or torch) or torch.bfloat16, the same
+    for query, key and value (else ValueError, torch's rule); the result has
+    that dtype.  Half inputs are read in place by mha's half path (float32
+    products and softmax, P rounded to value's dtype before P.V, the output
+    rounded once).  attn_mask: bool or float32, or for half inputs also a
+    float mask of their dtype (as torch; widened to float32, a counted copy).
     """
     like_torch = False
     q, k, v = query, key, value
-    if type(q) is not _ndarray or type(k) is not _ndarray or type(v) is not _ndarray:
+    dtype = "float32"
+    if (type(q) is not _ndarray or type(k) is not _ndarray or type(v) is not _ndarray
+            or q.dtype is not _F32 or k.dtype is not _F32 or v.dtype is not _F32):
         like_torch = is_torch(query)
-        q, k, v = f32(query, "query"), f32(key, "key"), f32(value, "value")
+        q, k, v, dtype = attention_inputs(query, key, value)
     nd = q.ndim
     if not (nd == k.ndim == v.ndim):
         raise ValueError("query, key, value: ranks %d, %d, %d differ" % (nd, k.ndim, v.ndim))
@@ -75,24 +86,29 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if q.shape[1] != k.shape[1] and not enable_gqa:
         raise ValueError("key: %d heads but query has %d; pass enable_gqa=True for grouped-"
                          "query attention" % (k.shape[1], q.shape[1]))
-    result = np.empty(shape, _float32) if out is None else out_buffer(out, shape)
+    half = dtype != "float32"
+    if half or (out is not None and type(out) is not _ndarray):
+        returned, result = attention_output(shape, dtype, like_torch, out)
+    else:
+        result = np.empty(shape, _float32) if out is None else out_buffer(out, shape)
+        returned = out if out is not None else _torch_from_numpy(result) if like_torch else result
     m = attn_mask
     if m is not None:
-        m = mask(m, "attn_mask")
+        m = attention_mask(m, "attn_mask", dtype)
         if m.ndim > 4:
             m = _as4(m, "attn_mask")
     rows = 0 if masked_rows == "zero" else masked_rows_id(masked_rows)
     kid = 0 if kernel == "auto" else kernel_id(kernel)
-    args = (result if nd == 4 else _as4(result, "out"), q, k, v, m, 0, None, 0,
-            1 if is_causal else 0, scale, dropout_p, seed_or_random(seed) if dropout_p else 0,
-            rows, None, None, kid)
+    o = result if nd == 4 else _as4(result, "out")
+    if half:
+        o, q, k, v = marked(dtype, o, q, k, v)
+    args = (o, q, k, v, m, 0, None, 0, 1 if is_causal else 0, scale, dropout_p,
+            seed_or_random(seed) if dropout_p else 0, rows, None, None, kid)
     try:  # call() inlined: this is the per-call floor (bench/python_bench.py)
         _mha.sdpa(*args)
     except _mha.LayoutError:
         call(_mha.sdpa, *args)
-    if out is not None:
-        return out
-    return _torch_from_numpy(result) if like_torch else result
+    return returned
 
 
 def _seq_first(x, batch_first):

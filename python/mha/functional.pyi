@@ -3,7 +3,8 @@ from typing import Any, Dict, Literal, Optional, Tuple, Union
 
 import numpy as np
 
-Array = Any  # numpy.ndarray or a CPU torch.Tensor (float32; masks bool or float32)
+Array = Any  # numpy.ndarray or a CPU torch.Tensor (float32; masks bool or float32;
+            # scaled_dot_product_attention also float16 / torch.bfloat16)
 Kernel = Literal["auto", "ref", "scalar", "avx2"]
 MaskedRows = Literal["zero", "nan"]
 

@@ -4,8 +4,9 @@ a torch.autograd.Function whose backward is mha's fused backward
 torch.nn.MultiheadAttention modules compute their attention core with it
 (projections stay torch's, so the whole module trains).
 
-CPU float32 tensors only; inputs and outputs are shared with mha, never
-copied.  Letters: B batch, H / Hq query heads, Hkv kv heads, L query
+CPU float32, float16 or bfloat16 tensors (query, key and value of one
+dtype; the output and the gradients in that dtype, computed by mha's half
+path in float32); inputs and outputs are shared with mha, never copied.  Letters: B batch, H / Hq query heads, Hkv kv heads, L query
 length, S key length, E width, d head dim, dv value head dim.
 """
 import types
@@ -15,34 +16,38 @@ import torch
 import torch.nn.functional as F
 
 from . import _mha
-from ._arrays import kernel_id, mask as _mask, masked_rows_id, seed_or_random
+from ._arrays import (attention_array, attention_inputs, attention_mask, kernel_id,
+                      mask as _mask, marked, masked_rows_id, seed_or_random)
 
 
 def _np(t, name):
-    if t.device.type != "cpu" or t.dtype != torch.float32:
-        raise ValueError("%s: %s %s tensor; mha.torch takes CPU float32"
-                         % (name, t.device, t.dtype))
-    return t.detach().numpy()
+    """t as the extension reads it: the .numpy() view of a CPU float32 or
+    float16 tensor, a bfloat16 one marked (_mha.bf16 of its int16 view)."""
+    a, dtype = attention_array(t, name)
+    return marked(dtype, a)[0]
 
 
 class ScaledDotProductAttention(torch.autograd.Function):
     """out (B,Hq,L,dv), weights (B,Hq,L,S) or None = SDPA(q (B,Hq,L,d),
-    k (B,Hkv,S,d), v (B,Hkv,S,dv)).  opts = (mask_true_masks,
-    key_padding_mask, kpm_true_masks, causal, scale, dropout_p, seed,
-    masked_rows, kernel, need_weights).  Gradients for q, k, v from
-    mha_sdpa_backward with the forward's saved output and log-sum-exp;
-    masks get none, the weights output is not differentiable."""
+    k (B,Hkv,S,d), v (B,Hkv,S,dv)), q, k, v and out of one dtype (float32,
+    float16 or bfloat16; weights and the log-sum-exp float32).  opts =
+    (mask_true_masks, key_padding_mask, kpm_true_masks, causal, scale,
+    dropout_p, seed, masked_rows, kernel, need_weights).  Gradients for q,
+    k, v (in their dtype) from mha_sdpa_backward with the forward's saved
+    output and log-sum-exp; masks get none, the weights output is not
+    differentiable."""
 
     @staticmethod
     def forward(ctx, q, k, v, attn_mask, opts):
         B, Hq, L, _ = q.shape
-        out = torch.empty((B, Hq, L, v.shape[3]), dtype=torch.float32)
+        qa, ka, va, dtype = attention_inputs(q, k, v)
+        out = torch.empty((B, Hq, L, v.shape[3]), dtype=q.dtype)
         lse = torch.empty((B, Hq, L), dtype=torch.float32)
         weights = (torch.empty((B, Hq, L, k.shape[2]), dtype=torch.float32)
                    if opts[-1] else None)
-        m = _mask(attn_mask, "attn_mask")
+        m = attention_mask(attn_mask, "attn_mask", dtype)
         args = (m, opts[0], _mask(opts[1], "key_padding_mask")) + opts[2:-1]
-        _mha.sdpa(out.numpy(), _np(q, "query"), _np(k, "key"), _np(v, "value"), *args[:9],
+        _mha.sdpa(_np(out, "out"), *marked(dtype, qa, ka, va), *args[:9],
                   None if weights is None else weights.numpy(), lse.numpy(), args[9])
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = args
@@ -58,8 +63,8 @@ class ScaledDotProductAttention(torch.autograd.Function):
         dq = torch.zeros_like(q) if need[0] else None
         dk = torch.zeros_like(k) if need[1] else None
         dv = torch.zeros_like(v) if need[2] else None
-        _mha.sdpa_backward(*(None if g is None else g.numpy() for g in (dq, dk, dv)),
-                           _np(grad_out, "grad_output"), out.numpy(), lse.numpy(),
+        _mha.sdpa_backward(*(None if g is None else _np(g, "grad") for g in (dq, dk, dv)),
+                           _np(grad_out, "grad_output"), _np(out, "out"), lse.numpy(),
                            _np(q, "query"), _np(k, "key"), _np(v, "value"),
                            *ctx.args[:9], None, None, ctx.args[9])
         return dq, dk, dv, None, None
@@ -84,7 +89,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     query (..., Hq, L, d), key (..., Hkv, S, d), value (..., Hkv, S, dv),
     rank 2..4 -> (..., Hq, L, dv); Hq != Hkv needs enable_gqa.  attn_mask
     bool True = attend or float added (no gradient), is_causal top-left,
-    scale default 1/sqrt(d).  The backward is mha's fused backward; with
+    scale default 1/sqrt(d).  float32, float16 or bfloat16 inputs of one
+    dtype; the output and gradients have it (a float mask may also have it,
+    widened to float32).  The backward is mha's fused backward; with
     dropout_p > 0 it reuses the forward's keep decisions (same seed)."""
     nd = query.dim()
     if not (2 <= nd <= 4 and key.dim() == nd and value.dim() == nd):
@@ -137,6 +144,7 @@ def _mha_forward(self, query, key, value, key_padding_mask=None, need_weights=Tr
         return out, None
     if average_attn_weights:
         w = w.mean(dim=1)
+    w = w.to(out.dtype)  # mha's weights are float32; torch's the module's dtype
     return out, (w if batched else w.squeeze(0))
 
 

@@ -38,7 +38,7 @@ def test_requires_grad_tensor_is_read_without_copy():
     assert not got.requires_grad
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float16", "bfloat16", "int32"])
+@pytest.mark.parametrize("dtype", ["float64", "int32"])  # half: test_half.py
 def test_other_dtypes_refused(dtype):
     q = torch.ones(1, 1, 2, 2, dtype=getattr(torch, dtype))
     with pytest.raises(ValueError, match="dtype"):

@@ -331,7 +331,16 @@ MHA_API void mha_sdpa_options_init(mha_sdpa_options *opt);
  *   q (B,Hq,L,d)  k (B,Hkv,S,d)  v (B,Hkv,S,dv), Hq a multiple of Hkv:
  *   query head h reads kv head h / (Hq/Hkv) (contiguous groups).
  * Any strides are accepted; out must not overlap an input.
- * B or L = 0 gives an empty output; S = 0 gives fully masked rows. */
+ * B or L = 0 gives an empty output; S = 0 gives fully masked rows.
+ * Half precision: q, k, v and out may each be MHA_F32, MHA_F16 or MHA_BF16
+ * (masks, weights, lse and the other outputs stay MHA_F32).  Half inputs
+ * are widened exactly to float32 where the kernels pack them; products,
+ * the softmax statistics (max, sum, LSE) and the P.V accumulation are
+ * float32.  When v is half, P = exp(s - m) is rounded to v's dtype just
+ * before the P.V product (where FlashAttention converts P), the row sum
+ * uses the unrounded P, and attn_weights stays unrounded; out is rounded
+ * once from the float32 result.  The reference kernel (MHA_KERNEL_REF)
+ * follows the same rule with float64 sums. */
 MHA_API mha_status mha_sdpa_forward(mha_tensor *out, const mha_tensor *q,
                                     const mha_tensor *k, const mha_tensor *v,
                                     const mha_sdpa_options *opt);
@@ -749,6 +758,10 @@ MHA_API mha_status mha_decoder_decode_step(mha_tensor *out, const mha_tensor *x,
  *   lse (B,Hq,L): the forward's per-row log-sum-exp, or NULL (recomputed):
  *     lse[b,h,i] = log sum_j exp(s_ij), s_ij = scale q_i.k_j + mask bias,
  *     natural log, before dropout; -inf for a fully masked row.
+ * q, k, v, dout, out and the gradients may each be MHA_F32, MHA_F16 or
+ * MHA_BF16 (fp32 gradients for half inputs included): half tensors are
+ * widened to float32 copies, the gradients computed in float32 (P and dS
+ * not rounded) and a half gradient rounded once after the addition.
  * opt: as given to the forward (opt->attn_weights is ignored).  opt->kernel REF
  * runs the naive float64 reference (mha_attn_bwd_f32_ref); any other value
  * the fused flash-style backward (tiles recomputing P from lse). */

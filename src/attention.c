@@ -72,11 +72,11 @@ mha_status mha_sdpa_problem_init(mha_attn_problem *p, const mha_tensor *q, const
                                  const mha_tensor *v, const mha_tensor *out,
                                  const mha_sdpa_options *opt) {
     char s1[MHA_SHAPE_BUF], s2[MHA_SHAPE_BUF];
-    MHA_TRY(mha_check_tensor(q, "q", 4, MHA_F32));
-    MHA_TRY(mha_check_tensor(k, "k", 4, MHA_F32));
-    MHA_TRY(mha_check_tensor(v, "v", 4, MHA_F32));
+    MHA_TRY(mha_check_float_tensor(q, "q", 4));
+    MHA_TRY(mha_check_float_tensor(k, "k", 4));
+    MHA_TRY(mha_check_float_tensor(v, "v", 4));
     if (out)
-        MHA_TRY(mha_check_tensor(out, "out", 4, MHA_F32));
+        MHA_TRY(mha_check_float_tensor(out, "out", 4));
     memset(p, 0, sizeof *p);
     p->B = q->shape[0], p->Hq = q->shape[1], p->L = q->shape[2], p->d = q->shape[3];
     p->Hkv = k->shape[1], p->S = k->shape[2], p->dv = v->shape[3];
@@ -135,6 +135,7 @@ mha_status mha_sdpa_problem_init(mha_attn_problem *p, const mha_tensor *q, const
     }
     MHA_TRY(mha_attn_check_common(p, opt->masked_rows, opt->training, opt->dropout_p, opt->seed));
     p->q = *q, p->k = *k, p->v = *v;
+    p->p_dtype = v->dtype; /* F32: P not rounded */
     if (out)
         p->o = *out;
     return MHA_OK;

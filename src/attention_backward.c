@@ -14,11 +14,11 @@
 #include <math.h>
 #include <string.h>
 
-/* A (B,H,N,c) float32 tensor of the given shape. */
+/* A (B,H,N,c) tensor of any float dtype and the given shape. */
 static mha_status check_shape4(const mha_tensor *t, const char *name, int64_t a, int64_t b,
                                int64_t c, int64_t e) {
     char sb[MHA_SHAPE_BUF];
-    MHA_TRY(mha_check_tensor(t, name, 4, MHA_F32));
+    MHA_TRY(mha_check_float_tensor(t, name, 4));
     MHA_CHECK(t->shape[0] == a && t->shape[1] == b && t->shape[2] == c && t->shape[3] == e,
               MHA_ERR_SHAPE, "%s: shape %s, want (%lld,%lld,%lld,%lld)", name,
               mha_shape_str(t, sb, sizeof sb), (long long)a, (long long)b, (long long)c,
@@ -56,6 +56,45 @@ mha_status mha_attn_bwd_run(const mha_attn_problem *p, const mha_attn_grad *g,
     case MHA_KERNEL_AUTO: break;
     }
     return mha_error(MHA_ERR_VALUE, "kernel: unknown kernel %d", (int)kernel);
+}
+
+/* Half tensors among q, k, v, dout, out and the gradients: the kernels
+ * run on float32 copies (the half values, exactly), and each half gradient
+ * gets its copy back rounded once; P and dS are not rounded.  *buf holds
+ * the copies (NULL when every tensor is float32); free with mha_free. */
+static mha_status widen_half(mha_attn_problem *p, mha_attn_grad *g, float **buf) {
+    mha_tensor *ts[] = {&p->q, &p->k, &p->v, &g->dout, &g->out, &g->dq, &g->dk, &g->dv};
+    const int nt = (int)(sizeof ts / sizeof *ts);
+    int64_t total = 0, n;
+    *buf = NULL;
+    for (int t = 0; t < nt; t++)
+        if (ts[t]->data && ts[t]->dtype != MHA_F32) {
+            MHA_TRY(mha_tensor_numel(ts[t], &n));
+            total += n;
+        }
+    if (total == 0)
+        return MHA_OK;
+    float *wide = mha_malloc(sizeof(float) * (size_t)total);
+    MHA_CHECK(wide, MHA_ERR_NOMEM, "backward: cannot allocate %lld floats for the float32 copies "
+                                   "of the half tensors", (long long)total);
+    int64_t off = 0;
+    for (int t = 0; t < nt; t++) {
+        if (!ts[t]->data || ts[t]->dtype == MHA_F32)
+            continue;
+        mha_tensor f32;
+        mha_status st = mha_tensor_init(&f32, MHA_F32, wide + off, 4, ts[t]->shape);
+        if (st == MHA_OK)
+            st = mha_tensor_convert(&f32, ts[t]);
+        if (st != MHA_OK) { /* GCOVR_EXCL_START: the shapes were checked */
+            mha_free(wide);
+            return st;
+        } /* GCOVR_EXCL_STOP */
+        MHA_TRY(mha_tensor_numel(ts[t], &n));
+        off += n;
+        *ts[t] = f32;
+    }
+    *buf = wide;
+    return MHA_OK;
 }
 
 mha_status mha_sdpa_backward(mha_tensor *dq, mha_tensor *dk, mha_tensor *dv,
@@ -107,5 +146,14 @@ mha_status mha_sdpa_backward(mha_tensor *dq, mha_tensor *dk, mha_tensor *dv,
         g.dv = *dv;
     if (!dq && !dk && !dv)
         return MHA_OK;
-    return mha_attn_bwd_run(&p, &g, opt->kernel);
+    p.p_dtype = MHA_F32; /* the backward computes in float32 throughout */
+    float *wide;
+    MHA_TRY(widen_half(&p, &g, &wide));
+    mha_status st = mha_attn_bwd_run(&p, &g, opt->kernel);
+    const mha_tensor *wg[3] = {&g.dq, &g.dk, &g.dv};
+    for (int t = 0; t < 3 && st == MHA_OK && wide; t++)
+        if (grads[t] && grads[t]->dtype != MHA_F32)
+            st = mha_tensor_convert(grads[t], wg[t]);
+    mha_free(wide);
+    return st;
 }

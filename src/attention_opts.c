@@ -45,14 +45,7 @@ static mha_status rope_copy(mha_tensor xv, const mha_attn_problem *p, float base
                             mha_rope_mode mode, bool queries, float *buf, mha_tensor *dst) {
     const mha_tensor *x = &xv; /* by value: dst may be the very view it came from */
     MHA_TRY(mha_tensor_init(dst, MHA_F32, buf, 4, x->shape));
-    const float *src = x->data;
-    int64_t idx = 0;
-    for (int64_t b = 0; b < x->shape[0]; b++)
-        for (int64_t h = 0; h < x->shape[1]; h++)
-            for (int64_t n = 0; n < x->shape[2]; n++)
-                for (int64_t c = 0; c < x->shape[3]; c++)
-                    buf[idx++] = src[b * x->stride[0] + h * x->stride[1] + n * x->stride[2] +
-                                     c * x->stride[3]];
+    MHA_TRY(mha_tensor_convert(dst, x)); /* any float dtype in, float32 out */
     if (!queries)
         return mha_rope_apply(dst, 0, NULL, base, mode);
     for (int64_t b = 0; b < x->shape[0]; b++) { /* per batch: o_b may differ */

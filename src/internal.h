@@ -175,7 +175,9 @@ typedef struct mha_attn_problem {
     float scale;
     mha_causal causal;
     int64_t causal_offset;         /* key j masked when j > i + causal_offset */
-    mha_tensor q, k, v, o;
+    mha_tensor q, k, v, o;         /* each MHA_F32, MHA_F16 or MHA_BF16 (forward) */
+    mha_dtype p_dtype;             /* P rounded to it before P.V: v's dtype when half;
+                                    * MHA_F32 (0): not rounded */
     mha_tensor mask;               /* data NULL when absent */
     mha_mask_polarity mask_polarity;
     mha_tensor kpm;                /* (B,Hq,L,S) view of the (B,S) mask */

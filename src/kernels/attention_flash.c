@@ -31,6 +31,7 @@
  */
 #include "attention_flash.h"
 #include "attention_bias.h"
+#include "convert.h"
 
 #include <math.h>
 #include <string.h>
@@ -121,8 +122,14 @@ static float row_exp_scalar(float *s, int64_t n, float m) {
     return sum;
 }
 
-static const mha_flash_isa isa_scalar = {"scalar", qk_scalar, pv_scalar, row_scores_scalar,
-                                         row_exp_scalar};
+static void round_row_scalar(float *s, int64_t n, mha_dtype dt) {
+    for (int64_t j = 0; j < n; j++)
+        s[j] = mha_round_to(dt, s[j]);
+}
+
+static const mha_flash_isa isa_scalar = {"scalar",          qk_scalar,      pv_scalar,
+                                         row_scores_scalar, row_exp_scalar, round_row_scalar,
+                                         NULL};
 
 /* ---- packing ----------------------------------------------------------------- */
 
@@ -139,6 +146,24 @@ typedef struct flash_plan {
     size_t ws_floats;   /* per-thread workspace                             */
 } flash_plan;
 
+/* dst[i * dstep] = mul * element (off + i * stride[3]) of t, i < n: one
+ * row of q, k or v widened to float32, by the ISA's vector conversion when
+ * the row is a contiguous half row. */
+static void load_row(const flash_plan *pl, float *dst, int64_t dstep, const mha_tensor *t,
+                     int64_t off, int64_t n, float mul) {
+    if (t->dtype == MHA_F32 || t->stride[3] != 1 || !pl->isa->widen_row) {
+        mha_gather_f(dst, dstep, t->data, t->dtype, off, t->stride[3], n, mul);
+        return;
+    }
+    float tmp[256];
+    for (int64_t c0 = 0; c0 < n; c0 += 256) {
+        const int64_t m = n - c0 < 256 ? n - c0 : 256;
+        pl->isa->widen_row(tmp, (const uint16_t *)t->data + off + c0, t->dtype, m);
+        for (int64_t c = 0; c < m; c++)
+            dst[(c0 + c) * dstep] = tmp[c] * mul;
+    }
+}
+
 /* Packs key block kb of pair (b, hk) into kp (BC/NR, d, NR) and vp
  * (dvp/NR, BC, NR), zero padded; returns true when V holds a non-finite
  * value in the block's real rows. */
@@ -147,25 +172,24 @@ static bool pack_kv_block(const flash_plan *pl, int64_t b, int64_t hk, int64_t k
     const mha_attn_problem *p = pl->p;
     const int64_t d = p->d, dv = p->dv, j0 = kb * BC;
     const int64_t n = p->S - j0 < BC ? p->S - j0 : BC;
-    const float *k = (const float *)p->k.data + b * p->k.stride[0] + hk * p->k.stride[1];
-    const float *v = (const float *)p->v.data + b * p->v.stride[0] + hk * p->v.stride[1];
+    const int64_t k0 = b * p->k.stride[0] + hk * p->k.stride[1];
+    const int64_t v0 = b * p->v.stride[0] + hk * p->v.stride[1];
+    /* ONNX: k * sqrt(scale), rounded, as the reference */
+    const float ks = p->onnx_scale ? p->qk_scale : 1.0f;
     memset(kp, 0, sizeof(float) * (size_t)(BC * d));
     memset(vp, 0, sizeof(float) * (size_t)(BC * pl->dvp));
     bool nonfinite = false;
     for (int64_t j = 0; j < n; j++) {
-        const float *kr = k + (j0 + j) * p->k.stride[2];
-        float *kd = kp + (j / NR) * d * NR + j % NR;
-        if (p->onnx_scale) /* ONNX: k * sqrt(scale), rounded, as the reference */
-            for (int64_t c = 0; c < d; c++)
-                kd[c * NR] = kr[c * p->k.stride[3]] * p->qk_scale;
-        else
-            for (int64_t c = 0; c < d; c++)
-                kd[c * NR] = kr[c * p->k.stride[3]];
-        const float *vr = v + (j0 + j) * p->v.stride[2];
-        for (int64_t c = 0; c < dv; c++) {
-            float x = vr[c * p->v.stride[3]];
-            nonfinite |= !isfinite(x);
-            vp[(c / NR) * BC * NR + j * NR + c % NR] = x;
+        load_row(pl, kp + (j / NR) * d * NR + j % NR, NR, &p->k, k0 + (j0 + j) * p->k.stride[2], d,
+                 ks);
+        float *vd = vp + j * NR;
+        for (int64_t c0 = 0; c0 < dv; c0 += NR) { /* one NR-column panel at a time */
+            const int64_t nc = dv - c0 < NR ? dv - c0 : NR;
+            float *panel = vd + (c0 / NR) * BC * NR;
+            load_row(pl, panel, 1, &p->v, v0 + (j0 + j) * p->v.stride[2] + c0 * p->v.stride[3],
+                     nc, 1.0f);
+            for (int64_t c = 0; c < nc; c++)
+                nonfinite |= !isfinite(panel[c]);
         }
     }
     return nonfinite;
@@ -300,12 +324,11 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
     int64_t ncg[BR / MR];
 
     /* pack the query tile (zero rows up to a whole register block) */
-    const float *q = (const float *)p->q.data + b * p->q.stride[0] + h * p->q.stride[1];
+    const int64_t q0 = b * p->q.stride[0] + h * p->q.stride[1];
     const float qs = p->onnx_scale ? p->qk_scale : 1.0f; /* ONNX: q * sqrt(scale) */
-    for (int64_t r = 0; r < rowsp; r++)
-        for (int64_t c = 0; c < d; c++)
-            w->qp[r * d + c] =
-                r < rows ? q[(i0 + r) * p->q.stride[2] + c * p->q.stride[3]] * qs : 0.0f;
+    for (int64_t r = 0; r < rows; r++)
+        load_row(pl, w->qp + r * d, 1, &p->q, q0 + (i0 + r) * p->q.stride[2], d, qs);
+    memset(w->qp + rows * d, 0, sizeof(float) * (size_t)((rowsp - rows) * d));
     memset(w->o, 0, sizeof(float) * (size_t)(rowsp * dvp));
     for (int64_t r = 0; r < rows; r++)
         w->m[r] = -INFINITY, w->l[r] = 0.0f;
@@ -364,6 +387,8 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
                         sr[j] = mha_dropout_uniform(p->seed, b, h, i0 + r, j0 + j) < p->dropout_p
                                     ? 0.0f
                                     : sr[j] * keep;
+            if (p->p_dtype != MHA_F32) /* P in v's dtype for P.V, as FlashAttention */
+                pl->isa->round_row(sr, ng, p->p_dtype);
         }
         const float *vp = vpack + kb * BC * dvp;
         for (int64_t g0 = 0, g = 0; g0 < rows; g0 += MR, g++) {
@@ -411,13 +436,15 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
         write_scores(pl, w, b, h, i0, rows, kpack);
 
     /* write the output rows */
-    float *o = (float *)p->o.data + b * p->o.stride[0] + h * p->o.stride[1];
+    const int64_t o0 = b * p->o.stride[0] + h * p->o.stride[1];
     const float fill = p->masked_rows == MHA_MASKED_ROWS_NAN ? NAN : 0.0f;
     for (int64_t r = 0; r < rows; r++) {
-        float *orow = o + (i0 + r) * p->o.stride[2];
+        float *acc = w->o + r * dvp; /* normalised in place: not read again */
         bool dead = w->m[r] == -INFINITY;
         for (int64_t c = 0; c < dv; c++)
-            orow[c * p->o.stride[3]] = dead ? fill : w->o[r * dvp + c] / w->l[r];
+            acc[c] = dead ? fill : acc[c] / w->l[r];
+        mha_scatter_f(p->o.data, p->o.dtype, o0 + (i0 + r) * p->o.stride[2], p->o.stride[3], acc,
+                      dv);
     }
     if (!p->attn_weights.data && !(p->qk.data && p->qk_mode == 3))
         return;

@@ -26,7 +26,9 @@ enum {
  *   q tile  qp (BR, d)            rows past L are zero;
  *   k block kp (BC/NR, d, NR)     panel-major K^T, columns past S zero;
  *   v block vp (dvp/NR, BC, NR)   column-panel-major V, columns past dv zero;
- *   scores  s  (BR, BC);  output accumulator o (BR, dvp). */
+ *   scores  s  (BR, BC);  output accumulator o (BR, dvp).
+ * q, k, v and out may be MHA_F32, MHA_F16 or MHA_BF16 (each its own):
+ * packing widens to float32 and the output is rounded once when written. */
 typedef struct mha_flash_isa {
     const char *name;
     /* s (MR, npanels*NR) rows ld lds = q (MR, d) rows ld ldq . kp^T panels. */
@@ -44,6 +46,12 @@ typedef struct mha_flash_isa {
     /* s[j] = exp(s[j] - m) over [0, n), -0.0f (the "masked" mark) where
      * s[j] is -inf; returns the sum.  m is finite or NaN. */
     float (*row_exp)(float *s, int64_t n, float m);
+    /* s[j] = s[j] rounded to dt (MHA_F16 or MHA_BF16) and back, over [0, n):
+     * bit-identical to mha_round_to (convert.h), -0.0f stays -0.0f. */
+    void (*round_row)(float *s, int64_t n, mha_dtype dt);
+    /* dst[0, n) = the contiguous half row src (MHA_F16 or MHA_BF16) widened
+     * exactly to float32; NULL: the driver's scalar conversion. */
+    void (*widen_row)(float *dst, const uint16_t *src, mha_dtype dt, int64_t n);
 } mha_flash_isa;
 
 /* Runs p with the given inner loops (threads, workspace, all options). */

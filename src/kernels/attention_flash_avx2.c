@@ -13,6 +13,7 @@
  * latency of Zen 3's two FMA pipes (8 chains needed).
  */
 #include "attention_flash.h"
+#include "convert.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -166,8 +167,51 @@ static float row_exp_avx2(float *s, int64_t n, float m) {
     return _mm_cvtss_f32(s4);
 }
 
-const mha_flash_isa mha_flash_isa_avx2 = {"avx2", qk_avx2, pv_avx2, row_scores_avx2,
-                                          row_exp_avx2};
+/* P rounded to half and back, 8 at a time: F16C's round-to-nearest-even
+ * conversion for fp16; for bf16 the rounding add of mha_float_to_bf16 in
+ * integer lanes (NaN lanes only get the quiet bit).  Tails: the scalar rule. */
+static void round_row_avx2(float *s, int64_t n, mha_dtype dt) {
+    int64_t j = 0;
+    if (dt == MHA_F16) {
+        for (; j + 8 <= n; j += 8) {
+            __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(s + j), _MM_FROUND_TO_NEAREST_INT);
+            _mm256_storeu_ps(s + j, _mm256_cvtph_ps(h));
+        }
+    } else {
+        const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+        const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
+        const __m256i top = _mm256_set1_epi32((int)0xffff0000u), quiet = _mm256_set1_epi32(0x400000);
+        for (; j + 8 <= n; j += 8) {
+            __m256i x = _mm256_castps_si256(_mm256_loadu_ps(s + j));
+            __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs), inf);
+            __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), one);
+            __m256i r = _mm256_add_epi32(x, _mm256_add_epi32(bias, lsb));
+            r = _mm256_blendv_epi8(r, _mm256_or_si256(x, quiet), nan);
+            _mm256_storeu_ps(s + j, _mm256_castsi256_ps(_mm256_and_si256(r, top)));
+        }
+    }
+    for (; j < n; j++)
+        s[j] = mha_round_to(dt, s[j]);
+}
+
+/* Half rows widened 8 at a time: F16C for fp16, a 16-bit shift for bf16. */
+static void widen_row_avx2(float *dst, const uint16_t *src, mha_dtype dt, int64_t n) {
+    int64_t j = 0;
+    if (dt == MHA_F16)
+        for (; j + 8 <= n; j += 8)
+            _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + j))));
+    else
+        for (; j + 8 <= n; j += 8) {
+            __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + j)));
+            _mm256_storeu_ps(dst + j, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+        }
+    for (; j < n; j++)
+        dst[j] = mha_load_f(src, dt, j);
+}
+
+const mha_flash_isa mha_flash_isa_avx2 = {"avx2",       qk_avx2,        pv_avx2,
+                                          row_scores_avx2, row_exp_avx2, round_row_avx2,
+                                          widen_row_avx2};
 
 double mha_fma_peak_loop_avx2(int64_t iters, double *flops) {
     __m256 acc[12];

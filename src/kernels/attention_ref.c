@@ -11,6 +11,7 @@
  */
 #include "../internal.h"
 #include "attention_bias.h"
+#include "convert.h"
 
 #include <math.h>
 
@@ -19,10 +20,9 @@
 static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t i,
                        double *scores) {
     const int64_t hk = h / (p->Hq / p->Hkv);
-    const float *q = p->q.data;
-    const float *k = p->k.data;
-    const float *v = p->v.data;
-    float *o = p->o.data;
+    const void *q = p->q.data, *k = p->k.data, *v = p->v.data; /* any float dtype */
+    void *o = p->o.data;
+    const mha_dtype qt = p->q.dtype, kt = p->k.dtype, vt = p->v.dtype, ot = p->o.dtype;
     float *w = p->attn_weights.data;
     float *qk = p->qk.data;
     const int64_t q0 = b * p->q.stride[0] + h * p->q.stride[1] + i * p->q.stride[2];
@@ -52,12 +52,13 @@ static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t 
         double dot = 0.0;
         if (p->onnx_scale) /* q*sqrt(scale) and k*sqrt(scale), each rounded to float */
             for (int64_t c = 0; c < p->d; c++)
-                dot += (double)(q[q0 + c * p->q.stride[3]] * p->qk_scale) *
-                       (double)(k[k0 + j * p->k.stride[2] + c * p->k.stride[3]] * p->qk_scale);
+                dot += (double)(mha_load_f(q, qt, q0 + c * p->q.stride[3]) * p->qk_scale) *
+                       (double)(mha_load_f(k, kt, k0 + j * p->k.stride[2] + c * p->k.stride[3]) *
+                                p->qk_scale);
         else
             for (int64_t c = 0; c < p->d; c++)
-                dot += (double)q[q0 + c * p->q.stride[3]] *
-                       (double)k[k0 + j * p->k.stride[2] + c * p->k.stride[3]];
+                dot += (double)mha_load_f(q, qt, q0 + c * p->q.stride[3]) *
+                       (double)mha_load_f(k, kt, k0 + j * p->k.stride[2] + c * p->k.stride[3]);
         const double raw = p->onnx_scale ? dot : dot * (double)p->scale;
         const double capped =
             p->softcap > 0.0f ? (double)p->softcap * tanh(raw / (double)p->softcap) : raw;
@@ -78,7 +79,7 @@ static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t 
     if (!any) { /* fully masked row */
         float fill = p->masked_rows == MHA_MASKED_ROWS_NAN ? NAN : 0.0f;
         for (int64_t c = 0; c < p->dv; c++)
-            o[o0 + c * p->o.stride[3]] = fill;
+            mha_store_f(o, ot, o0 + c * p->o.stride[3], fill);
         for (int64_t j = 0; w && j < p->S; j++)
             w[w0 + j * p->attn_weights.stride[3]] = fill;
         for (int64_t j = 0; qk && !all_scores && j < p->S; j++)
@@ -114,10 +115,15 @@ static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t 
                 qk[qk0 + j * p->qk.stride[3]] = 0.0f;
             continue;
         }
+        const bool dropped = p->dropout && mha_dropout_uniform(p->seed, b, h, i, j) < p->dropout_p;
         double pj = scores[j] / sum;
         if (p->dropout)
-            pj = mha_dropout_uniform(p->seed, b, h, i, j) < p->dropout_p ? 0.0 : pj * keep_scale;
-        scores[j] = pj;
+            pj = dropped ? 0.0 : pj * keep_scale;
+        /* half v: P.V takes exp(s - max) (after dropout) rounded to v's dtype,
+         * then divided by the sum: the fused kernels' rule; the weights stay
+         * unrounded */
+        const double e = dropped ? 0.0 : scores[j] * keep_scale;
+        scores[j] = p->p_dtype == MHA_F32 ? pj : (double)mha_round_to(p->p_dtype, (float)e) / sum;
         if (w)
             w[w0 + j * p->attn_weights.stride[3]] = (float)pj;
         if (qk && !all_scores)
@@ -128,9 +134,9 @@ static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t 
         for (int64_t j = 0; j < p->S; j++) {
             if (scores[j] == -INFINITY)
                 continue; /* masked: skipped, not multiplied by zero */
-            acc += scores[j] * (double)v[v0 + j * p->v.stride[2] + c * p->v.stride[3]];
+            acc += scores[j] * (double)mha_load_f(v, vt, v0 + j * p->v.stride[2] + c * p->v.stride[3]);
         }
-        o[o0 + c * p->o.stride[3]] = (float)acc;
+        mha_store_f(o, ot, o0 + c * p->o.stride[3], (float)acc);
     }
 }
 

@@ -67,4 +67,34 @@ static inline float mha_round_to(mha_dtype dt, float x) {
     }
 }
 
+/* dst[i * dstep] = mul * element (off + i * step) of a float tensor's data,
+ * i < n: one strided row widened to float32 (the packing loops). */
+static inline void mha_gather_f(float *dst, int64_t dstep, const void *data, mha_dtype dt,
+                                int64_t off, int64_t step, int64_t n, float mul) {
+    const uint16_t *h = (const uint16_t *)data + off;
+    const float *f = (const float *)data + off;
+    switch (dt) {
+    case MHA_F16:
+        for (int64_t i = 0; i < n; i++)
+            dst[i * dstep] = mha_half_to_float(h[i * step]) * mul;
+        break;
+    case MHA_BF16:
+        for (int64_t i = 0; i < n; i++)
+            dst[i * dstep] = mha_bf16_to_float(h[i * step]) * mul;
+        break;
+    default:
+        for (int64_t i = 0; i < n; i++)
+            dst[i * dstep] = f[i * step] * mul;
+        break;
+    }
+}
+
+/* Element (off + i * step) of a float tensor's data = src[i], i < n,
+ * rounded to dt. */
+static inline void mha_scatter_f(void *data, mha_dtype dt, int64_t off, int64_t step,
+                                 const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        mha_store_f(data, dt, off + i * step, src[i]);
+}
+
 #endif

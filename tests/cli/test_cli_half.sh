@@ -85,6 +85,20 @@ run "attention on bf16 files --dtype bf16" "$MHA" attention $QKV_BF16 --dtype bf
     --out "$T/ybb.npy"
 descr "$T/ybb.npy" "<u2"
 close "$T/ybb.npy" $H/attn_out_bf16_files_dtype_bf16.npy 8e-3 "bf16 files --dtype bf16"
+# pasts: present = concat(past, new) is exact in bf16 storage, the same bits
+# from the float32 and the bf16 paths; Y of the two within one bf16 ulp
+PAST="--past-key $H/attn_k_bf16.npy --past-value $H/attn_v_bf16.npy"
+for dt in f32 bf16; do
+    # shellcheck disable=SC2086
+    run "attention with pasts --dtype $dt" "$MHA" attention $QKV_BF16 $PAST --causal --dtype $dt \
+        --out "$T/yp_$dt.npy" --present-key "$T/pk_$dt.npy" --present-value "$T/pv_$dt.npy"
+    descr "$T/pk_$dt.npy" "<u2"
+done
+if cmp -s "$T/pk_f32.npy" "$T/pk_bf16.npy" && cmp -s "$T/pv_f32.npy" "$T/pv_bf16.npy"; then ok
+else ko "attention: presents differ between --dtype f32 and bf16"; fi
+close "$T/yp_bf16.npy" "$T/yp_f32.npy" 8e-3 "attention with pasts, bf16 vs f32 compute"
+if head -c 200 "$T/pk_bf16.npy" | grep -qF "'shape': (2, 2, 18, 8)"; then ok
+else ko "present_key shape: $(head -c 90 "$T/pk_bf16.npy" | tr -cd '[:print:]')"; fi
 run "attention on f16 files --dtype bf16" "$MHA" attention --q $H/attn_q_f16.npy \
     --k $H/attn_k_f16.npy --v $H/attn_v_f16.npy --dtype bf16 --out "$T/yh.npy"
 descr "$T/yh.npy" "<f2"

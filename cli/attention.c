@@ -1,7 +1,9 @@
 /* attention.c - `mha attention`: the ONNX Attention operator (opsets 23-25)
  * on .npy files, a thin client of mha_onnx_attention().
  * q (B,Hq,L,d) k (B,Hkv,S,d) v (B,Hkv,S,dv) -> out (B,Hq,L,dv), or the 3-D
- * forms (B,L,H*d) with --q-heads/--kv-heads.  docs/onnx.md. */
+ * forms (B,L,H*d) with --q-heads/--kv-heads.  docs/onnx.md.
+ * --dtype f16|bf16: q, k, v (and the pasts) converted once to that storage
+ * and handed to mha_sdpa_forward as half tensors (docs/onnx.md "dtypes"). */
 #include "cli.h"
 #include "mha_inputs.h"
 
@@ -40,7 +42,13 @@ static void usage(FILE *f) {
             "                 16 bfloat16 (all computed in float32), 11 double (float64)\n"
             "  --window-left N --window-right N   keys p-N <= j <= p+N, p = i + offset\n"
             "                 (-1 = unbounded, the default)\n"
-            "outputs (.npy; float16 when Q.npy is float16):\n"
+            "  --dtype D      compute storage f32 (default), f16 or bf16: Q, K, V and the\n"
+            "                 pasts are converted once to D (round to nearest even) and\n"
+            "                 attention reads them as D, computing in float32 (P rounded\n"
+            "                 to D before P.V).  Half files (<f2; bf16 as <u2 raw bits)\n"
+            "                 are widened exactly to float32 unless --dtype says otherwise\n"
+            "outputs (.npy): float32, or Q.npy's dtype when it is half (<f2 float16,\n"
+            "                <u2 bfloat16 bits); present_value follows V.npy:\n"
             "  --out Y.npy    (B,Hq,L,dv) or (B,L,Hq*dv) for 3-D inputs\n"
             "  --present-key PK.npy --present-value PV.npy   concat(past, new): (B,Hkv,T,*)\n"
             "  --qk-out QK.npy   (B,Hq,L,T)\n"
@@ -89,6 +97,7 @@ static int parse_float(const char *opt, const char *v, float *out) {
 int cli_attention(int argc, char **argv) {
     const char *cmd = "attention";
     const char *path[NPATH] = {NULL};
+    mha_dtype dtype = MHA_F32; /* --dtype: the storage attention reads */
     mha_onnx_attention_options opt;
     mha_onnx_attention_options_init(&opt);
     for (int i = 1; i < argc; i++) {
@@ -107,11 +116,11 @@ int cli_attention(int argc, char **argv) {
         static const char *const valued[] = {"--scale",           "--q-heads",     "--kv-heads",
                                              "--softcap",         "--qk-mode",
                                              "--softmax-precision", "--window-left",
-                                             "--window-right"};
+                                             "--window-right",     "--dtype"};
         int vk = 0;
-        while (vk < 8 && strcmp(a, valued[vk]))
+        while (vk < 9 && strcmp(a, valued[vk]))
             vk++;
-        if (k == NPATH && vk == 8) {
+        if (k == NPATH && vk == 9) {
             fprintf(stderr, "mha %s: unknown option '%s' (see mha %s --help)\n", cmd, a, cmd);
             return CLI_BAD_INPUT;
         }
@@ -151,6 +160,7 @@ int cli_attention(int argc, char **argv) {
             break;
         case 6: rc = parse_i64(a, v, -1, &opt.left_window_size); break;
         case 7: rc = parse_i64(a, v, -1, &opt.right_window_size); break;
+        case 8: rc = cli_dtype_option(cmd, a, v, &dtype); break;
         }
         if (rc != CLI_OK)
             return rc;
@@ -197,6 +207,21 @@ int cli_attention(int argc, char **argv) {
                         "(it is not 4-D)\n", cmd);
         rc = CLI_BAD_INPUT;
     }
+    /* --dtype: the float inputs converted once to the compute storage */
+    for (int k = 0; rc == CLI_OK && k < 7; k++) {
+        if (!path[k] || k == IN_MASK || k == IN_NONPAD)
+            continue;
+        mha_status st = cli_tensor_to_dtype(&in[k], dtype);
+        if (st != MHA_OK)
+            rc = cli_fail(cmd, st, path_opt[k]);
+    }
+    /* outputs in the input's float type: T1 for Y, present_key, qk; T2 for
+     * present_value; float32 unless that file was half */
+    mha_dtype as[4];
+    for (int o = 0; o < 4; o++) {
+        mha_dtype t = fd[o == 2 ? IN_V : IN_Q];
+        as[o] = t == MHA_F16 || t == MHA_BF16 ? t : MHA_F32;
+    }
     const mha_tensor *ip[7];
     for (int k = 0; k < 7; k++)
         ip[k] = path[k] ? &in[k] : NULL;
@@ -211,7 +236,10 @@ int cli_attention(int argc, char **argv) {
     for (int o = 0; rc == CLI_OK && o < 4; o++) {
         if (!path[OUT_Y + o])
             continue;
-        mha_status st = mha_tensor_create(&out[o], MHA_F32, o == 0 ? sh.y_ndim : 4, shapes[o]);
+        /* half compute: y and the presents in their file dtype (rounded once);
+         * qk_matmul_output stays float32 */
+        mha_dtype odt = dtype == MHA_F32 || o == 3 ? MHA_F32 : as[o];
+        mha_status st = mha_tensor_create(&out[o], odt, o == 0 ? sh.y_ndim : 4, shapes[o]);
         if (st != MHA_OK)
             rc = cli_fail(cmd, st, NULL);
     }
@@ -223,13 +251,10 @@ int cli_attention(int argc, char **argv) {
         if (st != MHA_OK)
             rc = cli_fail(cmd, st, NULL);
     }
-    /* outputs in the input's float type: T1 for Y, present_key, qk; T2 for present_value */
-    const mha_dtype as[4] = {fd[IN_Q], fd[IN_Q], fd[IN_V], fd[IN_Q]};
     for (int o = 0; rc == CLI_OK && o < 4; o++) {
         if (!path[OUT_Y + o])
             continue;
-        if (mha_npy_save(&out[o], path[OUT_Y + o], as[o] == MHA_F16 ? MHA_F16 : MHA_F32) !=
-            MHA_OK) {
+        if (mha_npy_save(&out[o], path[OUT_Y + o], as[o]) != MHA_OK) {
             fprintf(stderr, "mha %s: %s\n", cmd, mha_last_error());
             rc = CLI_INTERNAL;
         }

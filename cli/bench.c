@@ -15,6 +15,9 @@
  * = 2.5 x attention forward FLOPs (FlashAttention's accounting) + 2 x the
  * projections'.  The attention backward is validated with dout zero outside
  * a window of query rows, against the reference backward of that window.
+ * --dtype f16|bf16 (op attention only): q, k, v and out of that storage
+ * (values rounded once from the float32 fill); the reference kernel on the
+ * same half q, k, v writes float32, so the error includes out's rounding.
  */
 #include "cli.h"
 #include "../src/private_api.h" /* mha_peak_gflops: not in the ABI */
@@ -41,6 +44,7 @@ typedef struct bench_cfg {
     int threads, reps;
     bool json, mha, backward; /* backward: time the backward beside the forward */
     int kernel; /* -1 all, 0 auto, else mha_kernel */
+    mha_dtype dtype; /* --dtype: q, k, v, out of op attention; "dtype" of each line */
 } bench_cfg;
 
 /* Whether to time kernel k for this case: the one --kernel names (AUTO:
@@ -68,6 +72,7 @@ static void usage(FILE *f) {
             "usage: mha bench [--batch B --heads H [--kv-heads Hkv] --seq L [--kv-seq S]\n"
             "                  --head-dim d] [--causal] [--threads N] [--mha] [--json]\n"
             "                  [--kernel ref|scalar|avx2|all] [--reps N] [--backward]\n"
+            "                  [--dtype f32|f16|bf16]\n"
             "\n"
             "Times scaled dot-product attention (or, with --mha, the whole\n"
             "nn.MultiheadAttention self-attention forward, E = H*d, need_weights off),\n"
@@ -80,6 +85,9 @@ static void usage(FILE *f) {
             "               kernel (ops attention_bwd, with --mha mha_bwd): bwd and fwd\n"
             "               ms, the bwd/fwd ratio, GFLOP/s of the backward counted as\n"
             "               2.5 x the attention forward FLOPs (+ 2 x the projections')\n"
+            "  --dtype D    storage of q, k, v and out of the attention forward: f32\n"
+            "               (default), f16 or bf16 (not with --mha or --backward); every\n"
+            "               line says its \"dtype\"; validated to 2e-3 (f16), 1e-2 (bf16)\n"
             "FLOPs: attention 4*B*H*L*S*d (halved when causal), projections 2*M*N*K.\n"
             "peak_gflops: an FMA-bound loop measured with the case's threads.\n"
             "\nexit status: 0 ok, 2 bad arguments, 1 validation failure or internal error\n");
@@ -154,9 +162,9 @@ static void emit(const bench_cfg *cfg, const char *op, const char *kernel, const
     const double gf = flops / (ms * 1e6), peak = peak_for(cfg->threads);
     int threads = cfg->threads > 0 ? cfg->threads : mha_get_num_threads();
     if (cfg->json) {
-        printf("{\"op\":\"%s\",\"kernel\":\"%s\",\"B\":%lld,\"H\":%lld,\"Hkv\":%lld,\"L\":%lld,"
+        printf("{\"op\":\"%s\",\"kernel\":\"%s\",\"dtype\":\"%s\",\"B\":%lld,\"H\":%lld,\"Hkv\":%lld,\"L\":%lld,"
                "\"S\":%lld,\"d\":%lld,\"causal\":%s,\"threads\":%d,\"ms\":%.4f",
-               op, kernel, (long long)c->B, (long long)c->H, (long long)c->Hkv, (long long)c->L,
+               op, kernel, cli_dtype_name(cfg->dtype), (long long)c->B, (long long)c->H, (long long)c->Hkv, (long long)c->L,
                (long long)c->S, (long long)c->d, c->causal ? "true" : "false", threads, ms);
         if (bwd)
             printf(",\"fwd_ms\":%.4f,\"ratio\":%.3f", fwd_ms, ms / fwd_ms);
@@ -170,8 +178,8 @@ static void emit(const bench_cfg *cfg, const char *op, const char *kernel, const
         printf("}\n");
     } else {
         printf(bwd ? "%-13s" : "%-9s", op);
-        printf(" %-6s B=%-2lld H=%-2lld Hkv=%-2lld L=%-5lld S=%-5lld d=%-3lld %-6s t=%d ", kernel,
-               (long long)c->B, (long long)c->H, (long long)c->Hkv, (long long)c->L,
+        printf(" %-6s %-4s B=%-2lld H=%-2lld Hkv=%-2lld L=%-5lld S=%-5lld d=%-3lld %-6s t=%d ",
+               kernel, cli_dtype_name(cfg->dtype), (long long)c->B, (long long)c->H, (long long)c->Hkv, (long long)c->L,
                (long long)c->S, (long long)c->d, c->causal ? "causal" : "full", threads);
         if (bwd)
             printf("bwd %9.3f ms fwd %9.3f ms ratio %5.2f", ms, fwd_ms, ms / fwd_ms);
@@ -243,7 +251,8 @@ static int bench_kernels(const bench_cfg *cfg, const bench_case *c, const bench_
 /* ---- attention ---------------------------------------------------------- */
 
 typedef struct attn_ctx {
-    mha_tensor q, k, v, o;
+    mha_tensor q, k, v, o; /* of the --dtype storage */
+    mha_tensor of;         /* o as float32 for the error, when o is half  */
     mha_sdpa_options opt;
 } attn_ctx;
 
@@ -255,7 +264,7 @@ static mha_status run_attn(void *p) {
 /* Reference output of query rows [i0, L) of every (b,h): ref (B,H,L-i0,d). */
 static mha_status reference_window(const bench_case *c, attn_ctx *a, int64_t i0, float *ref) {
     attn_ctx w = *a;
-    w.q.data = (float *)a->q.data + i0 * a->q.stride[2];
+    w.q.data = (char *)a->q.data + i0 * a->q.stride[2] * (int64_t)mha_dtype_size(a->q.dtype);
     w.q.shape[2] = c->L - i0;
     int64_t shape[4] = {c->B, c->H, c->L - i0, c->d};
     mha_tensor_init(&w.o, MHA_F32, ref, 4, shape);
@@ -266,11 +275,17 @@ static mha_status reference_window(const bench_case *c, attn_ctx *a, int64_t i0,
 }
 
 /* Error of a's output rows [i0, L) against ref. */
-static double window_err(const bench_case *c, const attn_ctx *a, int64_t i0, const float *ref) {
+static double window_err(const bench_case *c, attn_ctx *a, int64_t i0, const float *ref) {
     double worst = 0.0;
     const int64_t rows = c->L - i0;
+    const mha_tensor *out = &a->o;
+    if (a->o.dtype != MHA_F32) {
+        if (mha_tensor_convert(&a->of, &a->o) != MHA_OK)
+            return INFINITY;
+        out = &a->of;
+    }
     for (int64_t bh = 0; bh < c->B * c->H; bh++) {
-        const float *o = (const float *)a->o.data + (bh * c->L + i0) * c->d;
+        const float *o = (const float *)out->data + (bh * c->L + i0) * c->d;
         double e = rel_err(o, ref + bh * rows * c->d, (size_t)(rows * c->d));
         worst = e > worst ? e : worst;
     }
@@ -298,16 +313,26 @@ static int bench_attention(const bench_cfg *cfg, const bench_case *c) {
     attn_ctx a;
     memset(&a, 0, sizeof a);
     mha_status st;
+    const mha_dtype dt = cfg->dtype;
     if ((st = mha_tensor_create(&a.q, MHA_F32, 4, qs)) != MHA_OK ||
         (st = mha_tensor_create(&a.k, MHA_F32, 4, ks)) != MHA_OK ||
         (st = mha_tensor_create(&a.v, MHA_F32, 4, ks)) != MHA_OK ||
-        (st = mha_tensor_create(&a.o, MHA_F32, 4, qs)) != MHA_OK) {
+        (st = mha_tensor_create(&a.o, dt, 4, qs)) != MHA_OK ||
+        (dt != MHA_F32 && (st = mha_tensor_create(&a.of, MHA_F32, 4, qs)) != MHA_OK)) {
         mha_tensor_free(&a.q), mha_tensor_free(&a.k), mha_tensor_free(&a.v);
+        mha_tensor_free(&a.o);
         return cli_fail(cmd, st, "allocating the case");
     }
     fill(a.q.data, (size_t)(c->B * c->H * c->L * c->d), 1, 1.0f);
     fill(a.k.data, (size_t)(c->B * c->Hkv * c->S * c->d), 2, 1.0f);
     fill(a.v.data, (size_t)(c->B * c->Hkv * c->S * c->d), 3, 1.0f);
+    if ((st = cli_tensor_to_dtype(&a.q, dt)) != MHA_OK ||
+        (st = cli_tensor_to_dtype(&a.k, dt)) != MHA_OK ||
+        (st = cli_tensor_to_dtype(&a.v, dt)) != MHA_OK) {
+        mha_tensor_free(&a.q), mha_tensor_free(&a.k), mha_tensor_free(&a.v);
+        mha_tensor_free(&a.o), mha_tensor_free(&a.of);
+        return cli_fail(cmd, st, "converting the case");
+    }
     mha_sdpa_options_init(&a.opt);
     a.opt.causal = c->causal ? MHA_CAUSAL_TOP_LEFT : MHA_CAUSAL_NONE;
 
@@ -331,15 +356,19 @@ static int bench_attention(const bench_cfg *cfg, const bench_case *c) {
     }
 
     attn_window win = {c, &a, i0, ref};
-    const double bytes = c->L <= 16 ? 4.0 * ((double)c->B * c->Hkv * c->S * c->d * 2 +
+    const double es = (double)mha_dtype_size(dt);
+    const double bytes = c->L <= 16 ? es * ((double)c->B * c->Hkv * c->S * c->d * 2 +
                                              2.0 * c->B * c->H * c->L * c->d)
                                     : 0.0;
-    const bench_op op = {"attention", "", "", &win, &a.opt.kernel, flops, flops, bytes, 1e-5,
+    /* half: out's own rounding (2^-11, 2^-8 relative) plus P rounded to v's dtype */
+    const double tol = dt == MHA_F16 ? 2e-3 : dt == MHA_BF16 ? 1e-2 : 1e-5;
+    const bench_op op = {"attention", "", "", &win, &a.opt.kernel, flops, flops, bytes, tol,
                          run_attn_window, NULL, NULL, attn_window_err, NULL, NULL};
     rc = bench_kernels(cfg, c, &op);
 done:
     free(ref);
     mha_tensor_free(&a.q), mha_tensor_free(&a.k), mha_tensor_free(&a.v), mha_tensor_free(&a.o);
+    mha_tensor_free(&a.of);
     return rc;
 }
 
@@ -773,7 +802,7 @@ static int bench_one(const bench_cfg *cfg, const bench_case *c) {
 
 int cli_bench(int argc, char **argv) {
     bench_cfg cfg = {.threads = 0, .reps = 5, .json = false, .mha = false, .kernel = 0,
-                     .backward = false};
+                     .backward = false, .dtype = MHA_F32};
     bench_case one = {1, 8, 0, 1024, 0, 64, false};
     bool shaped = false;
     for (int i = 1; i < argc; i++) /* op "decode": cli/bench_decode.c */
@@ -797,6 +826,15 @@ int cli_bench(int argc, char **argv) {
         }
         if (!strcmp(a, "--json") || !strcmp(a, "--mha")) {
             *(a[2] == 'j' ? &cfg.json : &cfg.mha) = true;
+            continue;
+        }
+        if (!strcmp(a, "--dtype")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "mha bench: --dtype needs a value (%s)\n", CLI_DTYPES);
+                return CLI_BAD_INPUT;
+            }
+            if (cli_dtype_option("bench", a, argv[++i], &cfg.dtype) != CLI_OK)
+                return CLI_BAD_INPUT;
             continue;
         }
         if (!strcmp(a, "--kernel")) {
@@ -849,6 +887,11 @@ int cli_bench(int argc, char **argv) {
     }
     if (cfg.mha && (one.Hkv != one.H || one.S != one.L)) {
         fprintf(stderr, "mha bench: --mha is self-attention: no --kv-heads or --kv-seq\n");
+        return CLI_BAD_INPUT;
+    }
+    if (cfg.dtype != MHA_F32 && (cfg.mha || cfg.backward)) {
+        fprintf(stderr, "mha bench: --dtype %s times the attention forward only (not with "
+                        "--mha or --backward)\n", cli_dtype_name(cfg.dtype));
         return CLI_BAD_INPUT;
     }
     if (cfg.threads > 0)

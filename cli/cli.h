@@ -60,6 +60,19 @@ bool cli_parse_f64(const char *s, double *out);
 /* "a,b,c": up to max integers in [lo, hi]; the count, or -1. */
 int cli_parse_i64_list(const char *s, int64_t lo, int64_t hi, int64_t *out, int max);
 bool cli_parse_f32(const char *s, float *out);
+/* --dtype f32|f16|bf16 (number.c): the storage of a computation.  Parse, name
+ * ("f32", "f16", "bf16"), and the option form: CLI_OK, or "mha CMD: OPT: 'S'
+ * is not a dtype (valid: f32, f16, bf16)" and CLI_BAD_INPUT. */
+#define CLI_DTYPES "f32, f16, bf16"
+bool cli_parse_dtype(const char *s, mha_dtype *out);
+const char *cli_dtype_name(mha_dtype dt);
+int cli_dtype_option(const char *cmd, const char *opt, const char *s, mha_dtype *out);
+/* Conversions for --dtype (dtype.c), through mha_tensor_convert.  The
+ * tensors are owned; on failure nothing changes and the status is returned. */
+/* *t replaced by its conversion to dt (a no-op when t is already dt). */
+mha_status cli_tensor_to_dtype(mha_tensor *t, mha_dtype dt);
+/* *rounded (new, owned, MHA_F32) = src rounded to dt once, back in float32. */
+mha_status cli_tensor_rounded(mha_tensor *rounded, const mha_tensor *src, mha_dtype dt);
 
 /* Maps a library status to an exit code and prints "mha CMD: msg" to stderr. */
 int cli_fail(const char *cmd, mha_status st, const char *context);

@@ -1,6 +1,8 @@
 /* forward.c - `mha forward`: torch.nn.MultiheadAttention (batch_first=True)
  * on .npy inputs and safetensors weights; `--layer` hands over to the
- * Transformer layer command (cli/forward_layer.c). */
+ * Transformer layer command (cli/forward_layer.c).  --dtype f16|bf16 rounds
+ * the inputs and weights once to that dtype; the module computes in float32
+ * (its projections and attention take float32 only). */
 #include "cli.h"
 #include "mha_inputs.h"
 
@@ -13,13 +15,17 @@ static void usage(FILE *f) {
             "                   [--key K.npy --value V.npy] [--prefix P]\n"
             "                   [--key-padding-mask M.npy] [--attn-mask M.npy] [--causal]\n"
             "                   [--add-zero-attn] [--attn-weights-out A.npy [--no-average-weights]]\n"
-            "                   [--masked-rows zero|nan] --out Y.npy\n"
+            "                   [--masked-rows zero|nan] [--dtype f32|f16|bf16] --out Y.npy\n"
             "       mha forward --layer encoder|decoder ...   (mha forward --layer encoder --help)\n"
             "\n"
             "torch.nn.MultiheadAttention(batch_first=True) in eval mode: Y (B,L,E), and with\n"
             "--attn-weights-out the weights (B,L,S') averaged over heads or (B,H,L,S') per head,\n"
             "S' = S + 1 with bias_k/bias_v + 1 with --add-zero-attn.  Unbatched inputs give\n"
-            "unbatched outputs.  Y is float16 when Q.npy is.\n\n%s"
+            "unbatched outputs.  Y is float32, or Q.npy's dtype when it is half (<f2\n"
+            "float16, <u2 bfloat16 bits); the attention weights are float32.\n\n%s"
+            "  --dtype D                f32 (default), f16 or bf16: query, key, value and\n"
+            "                           every weight rounded once to D (nearest even), then\n"
+            "                           computed in float32 as D-valued numbers\n"
             "  --attn-weights-out A.npy need_weights=True: write the attention weights\n"
             "  --no-average-weights     per-head weights (average_attn_weights=False)\n"
             "  --out Y.npy              the output\n"
@@ -33,6 +39,7 @@ int cli_forward(int argc, char **argv) {
             return cli_forward_layer(argc, argv);
     const char *cmd = "forward", *out_path = NULL, *weights_out = NULL;
     int average = 1;
+    mha_dtype dtype = MHA_F32; /* --dtype: what inputs and weights are rounded to */
     cli_mha_inputs in;
     cli_mha_inputs_init(&in);
     for (int i = 1; i < argc; i++) {
@@ -46,6 +53,10 @@ int cli_forward(int argc, char **argv) {
             return CLI_OK;
         } else if (!strcmp(argv[i], "--no-average-weights")) {
             average = 0;
+        } else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
+            if (cli_dtype_option(cmd, argv[i], argv[i + 1], &dtype) != CLI_OK)
+                return CLI_BAD_INPUT;
+            i++;
         } else if ((!strcmp(argv[i], "--out") || !strcmp(argv[i], "--attn-weights-out")) &&
                    i + 1 < argc) {
             *(argv[i][2] == 'o' ? &out_path : &weights_out) = argv[i + 1];
@@ -62,7 +73,22 @@ int cli_forward(int argc, char **argv) {
     }
     int rc = cli_mha_inputs_load(&in, cmd);
     mha_tensor y = {0}, a = {0};
+    mha_tensor rounded[9] = {{0}}; /* --dtype: owned rounded copies of in.wt */
     mha_status st = MHA_OK;
+    if (rc == CLI_OK && dtype != MHA_F32) {
+        mha_tensor *x[3] = {&in.query, &in.key, &in.value}, r;
+        for (int k = 0; k < 3 && st == MHA_OK; k++)
+            if (x[k]->data && (st = cli_tensor_rounded(&r, x[k], dtype)) == MHA_OK) {
+                mha_tensor_free(x[k]);
+                *x[k] = r;
+            }
+        /* the weights are views of the file: round copies, the views now point there */
+        for (int k = 0; k < 9 && st == MHA_OK; k++)
+            if (in.wt[k].data && (st = cli_tensor_rounded(&rounded[k], &in.wt[k], dtype)) == MHA_OK)
+                in.wt[k] = rounded[k];
+        if (st != MHA_OK)
+            rc = cli_fail(cmd, st, "--dtype");
+    }
     if (rc == CLI_OK) {
         int b = in.batched;
         int64_t yshape[3] = {in.B, in.L, in.E};
@@ -85,7 +111,8 @@ int cli_forward(int argc, char **argv) {
             rc = cli_fail(cmd, st, NULL);
     }
     if (rc == CLI_OK) {
-        mha_dtype as = in.query_file_dtype == MHA_F16 ? MHA_F16 : MHA_F32;
+        mha_dtype fd = in.query_file_dtype;
+        mha_dtype as = fd == MHA_F16 || fd == MHA_BF16 ? fd : MHA_F32;
         st = mha_npy_save(&y, out_path, as);
         if (st == MHA_OK && weights_out)
             st = mha_npy_save(&a, weights_out, MHA_F32);
@@ -96,6 +123,8 @@ int cli_forward(int argc, char **argv) {
     }
     mha_tensor_free(&y);
     mha_tensor_free(&a);
+    for (int k = 0; k < 9; k++)
+        mha_tensor_free(&rounded[k]);
     cli_mha_inputs_free(&in);
     return rc;
 }

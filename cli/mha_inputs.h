@@ -50,7 +50,7 @@ typedef struct cli_mha_inputs {
     mha_tensor wt[9];              /* weight views, see w                       */
     mha_multihead_weights w;       /* points into wt                            */
     mha_multihead_options opt;     /* heads, masks, causal, zero attn, rows     */
-    mha_dtype query_file_dtype;    /* MHA_F16 when Q.npy was float16            */
+    mha_dtype query_file_dtype;    /* what Q.npy held (mha_npy_load_any)        */
     int batched;                   /* query was (B,L,E)                         */
     int64_t B, L, S, E;            /* B = 1 when unbatched                      */
     int64_t S_extra;               /* S' = S + S_extra: bias_kv + zero attn     */

@@ -4,13 +4,14 @@
  * and exponent; nothing before or after (no spaces), no hex ("0x1p-3"), no
  * "inf"/"nan", and no value that overflows or underflows (strtod's ERANGE:
  * "1e-400" is an error, not 0; for float flags also a value float cannot
- * hold: "1e39", "1e-46").
+ * hold: "1e39", "1e-46").  Also the one parser of --dtype f32|f16|bf16.
  */
 #include "cli.h"
 
 #include <errno.h>
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,4 +102,34 @@ bool cli_parse_f32(const char *s, float *out) {
         return false; /* overflows float, or underflows to a subnormal/zero */
     *out = f;
     return true;
+}
+
+/* --dtype: the three storage names, in the order the error message lists them. */
+static const struct {
+    const char *name;
+    mha_dtype dtype;
+} dtype_names[] = {{"f32", MHA_F32}, {"f16", MHA_F16}, {"bf16", MHA_BF16}};
+
+bool cli_parse_dtype(const char *s, mha_dtype *out) {
+    for (size_t i = 0; s && i < sizeof dtype_names / sizeof *dtype_names; i++)
+        if (!strcmp(s, dtype_names[i].name)) {
+            *out = dtype_names[i].dtype;
+            return true;
+        }
+    return false;
+}
+
+const char *cli_dtype_name(mha_dtype dt) {
+    for (size_t i = 0; i < sizeof dtype_names / sizeof *dtype_names; i++)
+        if (dtype_names[i].dtype == dt)
+            return dtype_names[i].name;
+    return "?";
+}
+
+int cli_dtype_option(const char *cmd, const char *opt, const char *s, mha_dtype *out) {
+    if (cli_parse_dtype(s, out))
+        return CLI_OK;
+    fprintf(stderr, "mha %s: %s: '%s' is not a dtype (valid: %s)\n", cmd, opt, s ? s : "",
+            CLI_DTYPES);
+    return CLI_BAD_INPUT;
 }

@@ -400,9 +400,12 @@ MHA_API mha_status mha_onnx_attention_shapes_get(mha_onnx_attention_shapes *s,
  *   past.  attn_mask MHA_BOOL (true = attend), MHA_F32 or MHA_I64 (added),
  *   broadcast right-aligned to (B,Hq,L,T); a last dim shorter than T is
  *   padded with -inf.  Causal offset: P with past, nonpad[b] - L with
- *   nonpad, else 0; the window uses the same offset.  Outputs (float32,
- *   shapes from mha_onnx_attention_shapes_get): y required; present_key,
- *   present_value, qk_matmul_output optional (NULL). */
+ *   nonpad, else 0; the window uses the same offset.  Outputs (shapes from
+ *   mha_onnx_attention_shapes_get): y required; present_key, present_value,
+ *   qk_matmul_output optional (NULL).  q, k, v, the pasts, y and the
+ *   presents may each be MHA_F32, MHA_F16 or MHA_BF16 (handed to
+ *   mha_sdpa_forward as they are; a present is concat(past, new) rounded to
+ *   its dtype); qk_matmul_output as mha_sdpa_forward's qk_out. */
 MHA_API mha_status mha_onnx_attention(mha_tensor *y, mha_tensor *present_key,
                                       mha_tensor *present_value, mha_tensor *qk_matmul_output,
                                       const mha_tensor *q, const mha_tensor *k,
@@ -1181,19 +1184,26 @@ MHA_API mha_status mha_bert_attention(mha_bert *model, mha_tensor *attn_weights,
 /* ------------------------------------------------------------------------ */
 
 /* Reads a .npy file (versions 1.0-3.0, little-endian, C order; dtypes
- * <f4 <f8 <f2 |b1 |u1 <i4 <i8).  want = MHA_F32 converts numbers to float;
- * want = MHA_BOOL converts to boolean (nonzero = true); want = MHA_I64
- * converts integers.  The result is owned: free with mha_tensor_free(). */
+ * <f4 <f8 <f2 <u2 |b1 |u1 <i4 <i8).  want = MHA_F32 converts numbers to float;
+ * want = MHA_F16 / MHA_BF16 round to half (nearest even; a file already of
+ * that dtype is copied as is); want = MHA_BOOL converts to boolean
+ * (nonzero = true); want = MHA_I64 converts integers.  <u2 is raw bfloat16
+ * bits (NumPy has no bfloat16 dtype; tools save bf16.view(np.uint16)): it
+ * reads as bfloat16 for every float want and is refused for MHA_I64.
+ * The result is owned: free with mha_tensor_free(). */
 MHA_API mha_status mha_npy_load(mha_tensor *out, const char *path, mha_dtype want);
 
 /* As mha_npy_load, but keeps the file's kind: floats become MHA_F32,
- * bool/u1/i4/i8 become MHA_BOOL when as_mask is set, else ints MHA_I64. */
+ * bool/u1/i4/i8 become MHA_BOOL when as_mask is set, else ints MHA_I64.
+ * *file_dtype (may be NULL) says what the file held: MHA_F32 for <f4 and
+ * <f8, MHA_F16 for <f2, MHA_BF16 for <u2, MHA_BOOL, MHA_I64 for ints. */
 MHA_API mha_status mha_npy_load_any(mha_tensor *out, mha_dtype *file_dtype, const char *path,
                                     int as_mask);
 
-/* Writes t (MHA_F32, MHA_F16 or MHA_BOOL; any strides) as .npy version 1.0,
- * byte-identical to numpy.save.  When t is MHA_F32 and as is MHA_F16 the
- * values are rounded to half. */
+/* Writes t (MHA_F32, MHA_F16, MHA_BF16 or MHA_BOOL; any strides) as .npy
+ * version 1.0, byte-identical to numpy.save.  A float t is written as any
+ * float dtype `as`, each value rounded once (nearest even): MHA_F32 as <f4,
+ * MHA_F16 as <f2, MHA_BF16 as <u2 raw bits; MHA_BOOL only as |b1. */
 MHA_API mha_status mha_npy_save(const mha_tensor *t, const char *path, mha_dtype as);
 
 /* safetensors files (https://github.com/huggingface/safetensors), read with
@@ -1226,6 +1236,14 @@ MHA_API mha_status mha_safetensors_get_f32(const mha_safetensors *st, const char
  * the tensor is F32 and 4-byte aligned, otherwise a converted copy kept by st. */
 MHA_API mha_status mha_safetensors_view_f32(mha_safetensors *st, const char *name,
                                             mha_tensor *view);
+/* A view in the tensor's own dtype (F32 -> MHA_F32, F16 -> MHA_F16, BF16 ->
+ * MHA_BF16; others MHA_ERR_DTYPE), valid until mha_safetensors_free() and
+ * read-only.  Zero-copy: data points into the mapping whenever the file is
+ * mapped and the tensor's bytes are aligned to its element size (2 bytes
+ * for F16/BF16, 4 for F32; files written by safetensors and by mha always
+ * are); otherwise it is an aligned copy kept by st.  Half views feed the
+ * kernels that take half tensors (mha_sdpa_forward's q, k, v) directly. */
+MHA_API mha_status mha_safetensors_view(mha_safetensors *st, const char *name, mha_tensor *view);
 
 /* The "__metadata__" string map: count, i-th key and value, or lookup by
  * key (NULL when absent). */
@@ -1234,8 +1252,8 @@ MHA_API const char *mha_safetensors_metadata_key(const mha_safetensors *st, int6
 MHA_API const char *mha_safetensors_metadata_value(const mha_safetensors *st, int64_t i);
 MHA_API const char *mha_safetensors_metadata(const mha_safetensors *st, const char *key);
 
-/* Writes n tensors (MHA_F32 as "F32", MHA_F16 "F16", MHA_BOOL "BOOL", MHA_I64
- * "I64"; any strides) under names, plus n_meta metadata pairs (may be 0,
+/* Writes n tensors (MHA_F32 as "F32", MHA_F16 "F16", MHA_BF16 "BF16", MHA_BOOL
+ * "BOOL", MHA_I64 "I64"; any strides) under names, plus n_meta metadata pairs (may be 0,
  * keys/values NULL).  Names must be unique and not "__metadata__". */
 MHA_API mha_status mha_safetensors_write(const char *path, const char *const *names,
                                          const mha_tensor *const *tensors, int64_t n,

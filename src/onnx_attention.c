@@ -21,6 +21,7 @@
  *      float64 softmax for softmax_precision = 11 (DOUBLE).
  */
 #include "internal.h"
+#include "kernels/convert.h"
 
 #include <string.h>
 
@@ -67,9 +68,9 @@ static mha_status plan_onnx(onnx_plan *pl, const mha_tensor *q, const mha_tensor
     MHA_CHECK(opt, MHA_ERR_NULL, "opt: required");
     MHA_CHECK(q->ndim == 3 || q->ndim == 4, MHA_ERR_SHAPE, "q: rank %d, want 3 or 4", q->ndim);
     pl->rank = q->ndim;
-    MHA_TRY(mha_check_tensor(q, "q", pl->rank, MHA_F32));
-    MHA_TRY(mha_check_tensor(k, "k", pl->rank, MHA_F32));
-    MHA_TRY(mha_check_tensor(v, "v", pl->rank, MHA_F32));
+    MHA_TRY(mha_check_float_tensor(q, "q", pl->rank));
+    MHA_TRY(mha_check_float_tensor(k, "k", pl->rank));
+    MHA_TRY(mha_check_float_tensor(v, "v", pl->rank));
     MHA_CHECK(opt->q_num_heads >= 0 && opt->kv_num_heads >= 0, MHA_ERR_VALUE,
               "q_num_heads/kv_num_heads: negative");
     if (pl->rank == 3) {
@@ -103,8 +104,8 @@ static mha_status plan_onnx(onnx_plan *pl, const mha_tensor *q, const mha_tensor
 
     MHA_CHECK(!pk == !pv, MHA_ERR_VALUE, "past_key, past_value: must be given together");
     if (pk) {
-        MHA_TRY(mha_check_tensor(pk, "past_key", 4, MHA_F32));
-        MHA_TRY(mha_check_tensor(pv, "past_value", 4, MHA_F32));
+        MHA_TRY(mha_check_float_tensor(pk, "past_key", 4));
+        MHA_TRY(mha_check_float_tensor(pv, "past_value", 4));
         pl->P = pk->shape[2];
         MHA_CHECK(pk->shape[0] == pl->B && pk->shape[1] == pl->Hkv && pk->shape[3] == pl->d,
                   MHA_ERR_SHAPE, "past_key: shape %s, want (%lld,%lld,P,%lld)",
@@ -196,7 +197,7 @@ mha_status mha_onnx_attention_shapes_get(mha_onnx_attention_shapes *s, const mha
 static mha_status check_shape(const mha_tensor *t, const char *name, int ndim,
                               const int64_t *want) {
     char sb[MHA_SHAPE_BUF];
-    MHA_TRY(mha_check_tensor(t, name, ndim, MHA_F32));
+    MHA_TRY(mha_check_float_tensor(t, name, ndim));
     for (int i = 0; i < ndim; i++)
         MHA_CHECK(t->shape[i] == want[i], MHA_ERR_SHAPE,
                   "%s: shape %s, want the shape mha_onnx_attention_shapes_get gives", name,
@@ -204,19 +205,19 @@ static mha_status check_shape(const mha_tensor *t, const char *name, int ndim,
     return MHA_OK;
 }
 
-/* dst (B,H,P+S,c) = concat(past (B,H,P,c), x (B,H,S,c)) along dim 2. */
+/* dst (B,H,P+S,c) = concat(past (B,H,P,c), x (B,H,S,c)) along dim 2; each
+ * of the three may be F32, F16 or BF16 (a value rounded when dst is half). */
 static void concat_keys(mha_tensor *dst, const mha_tensor *past, const mha_tensor *x) {
-    float *o = dst->data;
     for (int64_t b = 0; b < dst->shape[0]; b++)
         for (int64_t h = 0; h < dst->shape[1]; h++)
             for (int64_t t = 0; t < dst->shape[2]; t++) {
                 const mha_tensor *src = past && t < past->shape[2] ? past : x;
                 int64_t ts = src == past ? t : t - (past ? past->shape[2] : 0);
-                const float *in = (const float *)src->data + b * src->stride[0] +
-                                  h * src->stride[1] + ts * src->stride[2];
-                float *out = o + b * dst->stride[0] + h * dst->stride[1] + t * dst->stride[2];
+                int64_t in = b * src->stride[0] + h * src->stride[1] + ts * src->stride[2];
+                int64_t out = b * dst->stride[0] + h * dst->stride[1] + t * dst->stride[2];
                 for (int64_t c = 0; c < dst->shape[3]; c++)
-                    out[c * dst->stride[3]] = in[c * src->stride[3]];
+                    mha_store_f(dst->data, dst->dtype, out + c * dst->stride[3],
+                                mha_load_f(src->data, src->dtype, in + c * src->stride[3]));
             }
 }
 
@@ -304,7 +305,7 @@ mha_status mha_onnx_attention(mha_tensor *y, mha_tensor *present_key, mha_tensor
     if (past_key || present_key) {
         if (present_key)
             K = *present_key;
-        else if ((st = mha_tensor_create(&kt, MHA_F32, 4, sh.present_key)) == MHA_OK)
+        else if ((st = mha_tensor_create(&kt, pl.k4.dtype, 4, sh.present_key)) == MHA_OK)
             K = kt;
         if (st == MHA_OK)
             concat_keys(&K, past_key, &pl.k4);
@@ -312,7 +313,7 @@ mha_status mha_onnx_attention(mha_tensor *y, mha_tensor *present_key, mha_tensor
     if (st == MHA_OK && (past_value || present_value)) {
         if (present_value)
             V = *present_value;
-        else if ((st = mha_tensor_create(&vt, MHA_F32, 4, sh.present_value)) == MHA_OK)
+        else if ((st = mha_tensor_create(&vt, pl.v4.dtype, 4, sh.present_value)) == MHA_OK)
             V = vt;
         if (st == MHA_OK)
             concat_keys(&V, past_value, &pl.v4);

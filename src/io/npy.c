@@ -14,8 +14,13 @@
  *                 fortran_order is True; shape () is one element.
  *
  * WHAT IS READ
- *   descr '<f4' '<f8' '<f2' '|b1' '|u1' '<i4' '<i8' (also '<b1' '<u1' '|i1'
- *   '<i1'; '|f..' never).  Big-endian ('>') and native-order-on-other-hosts
+ *   descr '<f4' '<f8' '<f2' '<u2' '|b1' '|u1' '<i4' '<i8' (also '<b1' '<u1'
+ *   '|i1' '<i1'; '|f..' never).  '<u2' is raw bfloat16 bits, what NumPy-based
+ *   tools without a bfloat16 dtype write (arr.view(np.uint16)): it loads as
+ *   bfloat16 everywhere (exactly widened for MHA_F32, copied for MHA_BF16)
+ *   and is refused as integers.  Floats loaded as MHA_BF16 or MHA_F16 round
+ *   to nearest even ('<f8' through float32 first, as torch and ml_dtypes
+ *   do).  Big-endian ('>') and native-order-on-other-hosts
  *   descrs, structured ('[...]') and object ('|O', pickles) arrays are
  *   rejected with a message saying so.  fortran_order True is read and
  *   transposed into C order.  At most MHA_MAX_DIMS (4) dimensions.
@@ -31,6 +36,9 @@
  *   The header is parsed, never evaluated.
  *
  * WHAT IS WRITTEN
+ *   '<f4', '<f2', '|b1', and MHA_BF16 as '<u2' raw bits (what
+ *   numpy.save(arr_bf16_bits.view(np.uint16)) writes); a float tensor of any
+ *   float dtype is written as any float dtype, each value rounded once.
  *   Version 1.0, byte-identical to numpy.save of NumPy 1.24: keys sorted,
  *   repr() of the values, 21 - len(str(shape[0])) spare spaces for growth
  *   (none for 0-d), then spaces and '\n' so that the data starts at a
@@ -44,7 +52,8 @@
 #define NPY_MAX_HEADER 65536 /* numpy itself refuses > 10000 by default */
 #define NPY_CHUNK 65536      /* bytes converted per read                */
 
-typedef enum npy_kind { NPY_FLOAT, NPY_BOOL, NPY_UINT, NPY_INT } npy_kind;
+/* NPY_BF16: '<u2' holding raw bfloat16 bits (see WHAT IS READ). */
+typedef enum npy_kind { NPY_FLOAT, NPY_BF16, NPY_BOOL, NPY_UINT, NPY_INT } npy_kind;
 
 typedef struct npy_header {
     npy_kind kind;
@@ -101,7 +110,7 @@ static mha_status parse_descr(hparse *p, npy_header *h) {
         {"<f4", NPY_FLOAT, 4}, {"<f8", NPY_FLOAT, 8}, {"<f2", NPY_FLOAT, 2},
         {"|b1", NPY_BOOL, 1},  {"<b1", NPY_BOOL, 1},  {"|u1", NPY_UINT, 1},
         {"<u1", NPY_UINT, 1},  {"|i1", NPY_INT, 1},   {"<i1", NPY_INT, 1},
-        {"<i4", NPY_INT, 4},   {"<i8", NPY_INT, 8},
+        {"<i4", NPY_INT, 4},   {"<i8", NPY_INT, 8},   {"<u2", NPY_BF16, 2},
     };
     for (size_t i = 0; i < sizeof known / sizeof *known; i++)
         if (!strcmp(h->descr, known[i].descr)) {
@@ -117,7 +126,8 @@ static mha_status parse_descr(hparse *p, npy_header *h) {
     MHA_CHECK(strchr(d, 'O') == NULL, MHA_ERR_UNSUPPORTED,
               "%s: descr: object arrays (pickles) are not supported", p->name);
     return mha_error(MHA_ERR_UNSUPPORTED,
-                     "%s: descr: dtype '%s' is not supported (want <f4 <f8 <f2 |b1 |u1 <i4 <i8)",
+                     "%s: descr: dtype '%s' is not supported (want <f4 <f8 <f2 "
+                     "<u2 (bfloat16 bits) |b1 |u1 <i4 <i8)",
                      p->name, d);
 }
 
@@ -279,7 +289,7 @@ static mha_status read_header(mha_file *f, npy_header *h) {
 /* Element i of raw data of kind/itemsize as double (exact for every kind
  * but i8 beyond 2^53, which only feeds float32 anyway). */
 static double raw_double(const uint8_t *p, const npy_header *h) {
-    switch (h->kind) { /* GCOVR_EXCL_BR_LINE: h->kind is one of the four npy_kind values */
+    switch (h->kind) { /* GCOVR_EXCL_BR_LINE: h->kind is one of the five npy_kind values */
     case NPY_FLOAT:
         if (h->itemsize == 2) /* GCOVR_EXCL_BR_LINE: raw_float handles f2 itself */
             return mha_half_to_float(mha_le16(p));
@@ -294,6 +304,8 @@ static double raw_double(const uint8_t *p, const npy_header *h) {
             memcpy(&d, &u, 8);
             return d;
         }
+    case NPY_BF16:
+        return mha_bf16_to_float(mha_le16(p));
     case NPY_BOOL:
         return p[0] != 0;
     case NPY_UINT:
@@ -311,6 +323,8 @@ static double raw_double(const uint8_t *p, const npy_header *h) {
 /* As float without a detour through double for f2/f4, so NaN payloads
  * survive exactly as NumPy's astype(float32) keeps them. */
 static float raw_float(const uint8_t *p, const npy_header *h) {
+    if (h->kind == NPY_BF16)
+        return mha_bf16_to_float(mha_le16(p));
     if (h->kind == NPY_FLOAT && h->itemsize == 2)
         return mha_half_to_float(mha_le16(p));
     if (h->kind == NPY_FLOAT && h->itemsize == 4) {
@@ -333,9 +347,13 @@ static int64_t raw_int(const uint8_t *p, const npy_header *h) {
     return p[0];
 }
 
+static int is_float_kind(const npy_header *h) {
+    return h->kind == NPY_FLOAT || h->kind == NPY_BF16;
+}
+
 static int raw_truth(const uint8_t *p, const npy_header *h) {
     for (size_t i = 0; i < h->itemsize; i++)
-        if (p[i] & (h->kind == NPY_FLOAT && i == h->itemsize - 1 ? 0x7f : 0xff))
+        if (p[i] & (is_float_kind(h) && i == h->itemsize - 1 ? 0x7f : 0xff))
             return 1; /* any bit besides the sign bit: nonzero (NaN is true) */
     return 0;
 }
@@ -350,7 +368,10 @@ static void convert(void *dst, mha_dtype want, const uint8_t *src, int64_t n, co
                     ? mha_le16(src)
                     : mha_float_to_half(raw_float(src, h));
             break;
-        case MHA_BF16: ((uint16_t *)dst)[i] = mha_float_to_bf16(raw_float(src, h)); break;
+        case MHA_BF16: /* '<u2' is already bfloat16; '<f8' rounds via float32 as torch does */
+            ((uint16_t *)dst)[i] = h->kind == NPY_BF16 ? mha_le16(src)
+                                                       : mha_float_to_bf16(raw_float(src, h));
+            break;
         case MHA_BOOL: ((uint8_t *)dst)[i] = (uint8_t)raw_truth(src, h); break;
         case MHA_I64: ((int64_t *)dst)[i] = raw_int(src, h); break;
         }
@@ -390,6 +411,7 @@ static mha_status transpose_fortran(mha_tensor *t) {
 static mha_dtype kind_dtype(const npy_header *h) {
     switch (h->kind) {
     case NPY_FLOAT: return h->itemsize == 2 ? MHA_F16 : MHA_F32;
+    case NPY_BF16: return MHA_BF16;
     case NPY_BOOL: return MHA_BOOL;
     default: return MHA_I64;
     }
@@ -404,9 +426,10 @@ mha_status mha_npy_read(mha_file *f, mha_dtype want, int keep_kind, int as_mask,
     if (file_dtype)
         *file_dtype = kind_dtype(&h);
     if (keep_kind)
-        want = h.kind == NPY_FLOAT ? MHA_F32 : (as_mask || h.kind == NPY_BOOL) ? MHA_BOOL : MHA_I64;
-    MHA_CHECK(want != MHA_I64 || h.kind != NPY_FLOAT, MHA_ERR_DTYPE,
-              "%s: dtype %s holds floats but integers are needed", f->name, h.descr);
+        want = is_float_kind(&h) ? MHA_F32 : (as_mask || h.kind == NPY_BOOL) ? MHA_BOOL : MHA_I64;
+    MHA_CHECK(want != MHA_I64 || !is_float_kind(&h), MHA_ERR_DTYPE,
+              "%s: dtype %s holds %s but integers are needed", f->name, h.descr,
+              h.kind == NPY_BF16 ? "bfloat16 bits (mha reads <u2 as bfloat16)" : "floats");
     MHA_CHECK(mha_dtype_size(want) != 0, MHA_ERR_DTYPE, "npy: unknown dtype %d", (int)want);
 
     int64_t shape[MHA_MAX_DIMS];
@@ -475,15 +498,28 @@ mha_status mha_npy_load_any(mha_tensor *out, mha_dtype *file_dtype, const char *
 
 /* ---- writing ---------------------------------------------------------------- */
 
+/* x rounded once to the float dtype `as`, as little-endian file bytes. */
+static void put_float(uint8_t *dst, mha_dtype as, float x) {
+    union {
+        float f;
+        uint16_t h;
+    } e;
+    if (as == MHA_F32)
+        e.f = x;
+    else
+        e.h = as == MHA_F16 ? mha_float_to_half(x) : mha_float_to_bf16(x);
+    memcpy(dst, &e, mha_dtype_size(as)); /* little-endian host */
+}
+
 mha_status mha_npy_save(const mha_tensor *t, const char *path, mha_dtype as) {
     MHA_CHECK(path != NULL && t != NULL, MHA_ERR_NULL, "npy: NULL path or tensor");
     MHA_CHECK(t->ndim >= 0 && t->ndim <= MHA_MAX_DIMS, MHA_ERR_SHAPE,
               "npy: %d dimensions (at most %d)", t->ndim, MHA_MAX_DIMS);
-    MHA_CHECK(t->dtype == as || (t->dtype == MHA_F32 && as == MHA_F16), MHA_ERR_DTYPE,
-              "npy: cannot write dtype %d as %d (F32, F16, BOOL; F32 as F16)", (int)t->dtype,
-              (int)as);
-    MHA_CHECK(as == MHA_F32 || as == MHA_F16 || as == MHA_BOOL, MHA_ERR_DTYPE,
-              "npy: writes float32, float16 or bool only");
+    const int float_pair = mha_dtype_is_float(t->dtype) && mha_dtype_is_float(as);
+    MHA_CHECK(float_pair || (t->dtype == MHA_BOOL && as == MHA_BOOL), MHA_ERR_DTYPE,
+              "npy: cannot write dtype %d as %d (a float dtype F32, F16, BF16 as any of them; "
+              "BOOL as BOOL)",
+              (int)t->dtype, (int)as);
     int64_t n;
     MHA_TRY(mha_tensor_numel(t, &n));
     MHA_CHECK(n == 0 || t->data != NULL, MHA_ERR_NULL, "npy: NULL data");
@@ -493,7 +529,10 @@ mha_status mha_npy_save(const mha_tensor *t, const char *path, mha_dtype as) {
     /* header, exactly as numpy 1.24 _write_array_header + _wrap_header */
     char dict[256];
     int len = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (",
-                       as == MHA_F32 ? "<f4" : as == MHA_F16 ? "<f2" : "|b1");
+                       as == MHA_F32   ? "<f4"
+                       : as == MHA_F16 ? "<f2"
+                       : as == MHA_BF16 ? "<u2"
+                                        : "|b1");
     for (int k = 0; k < t->ndim; k++)
         len += snprintf(dict + len, sizeof dict - (size_t)len, "%s%lld", k ? ", " : "",
                         (long long)t->shape[k]);
@@ -524,16 +563,12 @@ mha_status mha_npy_save(const mha_tensor *t, const char *path, mha_dtype as) {
     int64_t idx[MHA_MAX_DIMS] = {0};
     for (int64_t i = 0; st == MHA_OK && i < n; i++) {
         int64_t off = mha_offset(t, idx);
-        if (as == MHA_F32) {
-            memcpy(buf + used, (const float *)t->data + off, 4);
-        } else if (as == MHA_BOOL) {
+        if (as == MHA_BOOL)
             buf[used] = ((const uint8_t *)t->data)[off] != 0;
-        } else {
-            uint16_t hv = t->dtype == MHA_F16 ? ((const uint16_t *)t->data)[off]
-                                              : mha_float_to_half(((const float *)t->data)[off]);
-            buf[used] = (uint8_t)(hv & 0xff);
-            buf[used + 1] = (uint8_t)(hv >> 8);
-        }
+        else if (t->dtype == as) /* same representation: the bits as they are */
+            memcpy(buf + used, (const uint8_t *)t->data + off * (int64_t)es, es);
+        else
+            put_float(buf + used, as, mha_load_f(t->data, t->dtype, off));
         used += es;
         if (used + 8 > sizeof buf || i + 1 == n) {
             st = mha_wfile_write(&w, buf, used);

@@ -60,7 +60,7 @@ struct mha_safetensors {
     int64_t n, cap;
     char **meta;                      /* key, value, key, value, ...           */
     int64_t n_meta, cap_meta;
-    void **copies;                    /* buffers handed out by view_f32        */
+    void **copies;                    /* buffers handed out by the views       */
     int64_t n_copies, cap_copies;
 };
 
@@ -724,6 +724,44 @@ mha_status mha_safetensors_view_f32(mha_safetensors *st, const char *name, mha_t
     MHA_TRY(grow((void **)&st->copies, &st->cap_copies, st->n_copies, sizeof(void *)));
     mha_tensor t;
     MHA_TRY(mha_safetensors_get_f32(st, name, &t));
+    st->copies[st->n_copies++] = t.data;
+    *view = t;
+    return MHA_OK;
+}
+
+/* The mha dtype a float tensor of the file keeps in a native view. */
+static mha_dtype native_dtype(const char *dt) {
+    return !strcmp(dt, "F16") ? MHA_F16 : !strcmp(dt, "BF16") ? MHA_BF16 : MHA_F32;
+}
+
+mha_status mha_safetensors_view(mha_safetensors *st, const char *name, mha_tensor *view) {
+    MHA_CHECK(view != NULL, MHA_ERR_NULL, "safetensors: NULL view");
+    memset(view, 0, sizeof *view);
+    const st_entry *e;
+    MHA_TRY(lookup(st, name, &e));
+    MHA_CHECK(!strcmp(e->dtype, "F32") || !strcmp(e->dtype, "F16") || !strcmp(e->dtype, "BF16"),
+              MHA_ERR_DTYPE,
+              "%s: tensor '%s': dtype %s has no native view (F32, F16, BF16; "
+              "mha_safetensors_view_f32 converts it)",
+              st->f.name, name, e->dtype);
+    const mha_dtype dt = native_dtype(e->dtype);
+    if (st->map) {
+        const uint8_t *src = st->map + st->data_off + e->begin;
+        if (((uintptr_t)src & (e->itemsize - 1)) == 0) /* element-aligned: no copy */
+            return mha_tensor_init(view, dt, (void *)src, e->ndim, e->shape);
+    }
+    /* not mapped, or misaligned: an aligned copy of the bytes, kept by st */
+    MHA_TRY(grow((void **)&st->copies, &st->cap_copies, st->n_copies, sizeof(void *)));
+    mha_tensor t;
+    MHA_TRY(mha_tensor_create(&t, dt, e->ndim, e->shape));
+    mha_status s = e->end > e->begin
+                       ? mha_file_read(&st->f, st->data_off + e->begin, t.data,
+                                       (size_t)(e->end - e->begin), "tensor data")
+                       : MHA_OK;
+    if (s != MHA_OK) {
+        mha_tensor_free(&t);
+        return s;
+    }
     st->copies[st->n_copies++] = t.data;
     *view = t;
     return MHA_OK;

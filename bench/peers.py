@@ -31,9 +31,10 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_torch import median_ms  # noqa: E402  (one timing rule for both scripts)
 
 # B H L d causal (the grid: long sequences, the short-sequence
 # embedding workload B=32 L=128 H=12 d=32, and B=8 L=512 d=64)
@@ -44,16 +45,6 @@ DEFAULT_CASES = [
     (32, 12, 128, 32, False), (8, 8, 512, 64, False),
 ]
 QUICK_CASES = [(1, 8, 1024, 64, False), (1, 8, 1024, 64, True), (32, 12, 128, 32, False)]
-
-
-def median_ms(fn, reps):
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def mha_bench(mha, case, threads, reps, extra):

@@ -267,7 +267,7 @@ mha_status mha_attention_merge(mha_tensor *out, mha_tensor *lse_out, int64_t n,
 
 /* ---- decode ----------------------------------------------------------------- */
 
-enum { SPLIT_KEYS = 256 }; /* C: keys per split (fixed: thread-count independent) */
+enum { SPLIT_KEYS = MHA_DECODE_SPLIT_KEYS }; /* C (attention_decode.h) */
 
 /* Position of slot s when the cache holds len keys ending at pos - 1. */
 static int64_t slot_position(const mha_kv_cache *c, int64_t s, int64_t len) {

@@ -13,6 +13,11 @@
 
 #include "../internal.h"
 
+/* C: keys per split of the decode step (kv_cache.c).  Fixed, not derived
+ * from the thread count, so results are bit-identical for any thread count;
+ * with a half cache P is rounded relative to each split's own maximum. */
+enum { MHA_DECODE_SPLIT_KEYS = 256 };
+
 typedef struct mha_decode_isa {
     /* s (G,n) = q (G,d) . k (n,d)^T: each key row read once for the G heads */
     void (*qk)(float *s, const float *q, const void *k, mha_dtype dt, int64_t n, int64_t G,

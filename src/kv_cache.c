@@ -317,12 +317,7 @@ static void decode_split(const decode_args *a, int64_t b, int64_t hk, int64_t sp
         }
         if (nan)
             m = NAN;
-        float l = 0.0f;
-        for (int64_t j = 0; j < n; j++) {
-            sg[j] = expf(sg[j] - m);
-            l += sg[j];
-        }
-        part[g * (dv + 2) + dv] = m, part[g * (dv + 2) + dv + 1] = l;
+        part[g * (dv + 2) + dv] = m, part[g * (dv + 2) + dv + 1] = a->isa->exp_sum(sg, n, m);
     }
     /* P rounded to the storage dtype for P.V (l above summed it unrounded) */
     if (c->dtype != MHA_F32)
@@ -367,10 +362,11 @@ static mha_status decode_ref(mha_tensor *out, const mha_tensor *q, const mha_kv_
 
 /* The split path: q (B,Hq,d) contiguous float32 (rotated; scaled here in
  * place), out (B,Hq,1,dv) float32; work (B,Hkv,nsplit,G,dv+2) partials then
- * nthreads scratch slices of G*(SPLIT_KEYS+dv). */
+ * nthreads scratch slices of G*(SPLIT_KEYS+dv); wsplit (nsplit) the merge's
+ * weights e^{m_c - M} of one head. */
 static mha_status decode_splits(mha_tensor *out, float *q, const mha_kv_cache *c,
                                 const mha_attn_problem *p, mha_kernel kr, int64_t len,
-                                int64_t nsplit, float *work, int nthreads) {
+                                int64_t nsplit, float *work, double *wsplit, int nthreads) {
     const int64_t B = c->B, Hq = p->Hq, G = Hq / c->Hkv, d = c->d, dv = c->dv;
     /* q pre-scaled: q*scale, or (q*sqrt(scale))*sqrt(scale) for the ONNX
      * convention (k is not rescaled: the last bits may differ from the
@@ -412,13 +408,15 @@ static mha_status decode_splits(mha_tensor *out, float *q, const mha_kv_cache *c
             double l = p->sinks.data
                            ? exp((double)((const float *)p->sinks.data)[h * p->sinks.stride[0]] - m)
                            : 0.0;
-            for (int64_t sp = 0; sp < nsplit; sp++)
-                l += pb[sp * ps + dv + 1] * exp(pb[sp * ps + dv] - m);
+            for (int64_t sp = 0; sp < nsplit; sp++) {
+                wsplit[sp] = exp(pb[sp * ps + dv] - m);
+                l += pb[sp * ps + dv + 1] * wsplit[sp];
+            }
             float *orow = (float *)out->data + b * out->stride[0] + h * out->stride[1];
             for (int64_t x = 0; x < dv; x++) {
                 double acc = 0.0;
                 for (int64_t sp = 0; sp < nsplit; sp++)
-                    acc += pb[sp * ps + x] * exp(pb[sp * ps + dv] - m);
+                    acc += pb[sp * ps + x] * wsplit[sp];
                 orow[x * out->stride[3]] = (float)(acc / l);
             }
             if (p->lse.data)
@@ -482,8 +480,9 @@ mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q, const mha_
     const size_t qn = (size_t)(B * Hq * d), pn = (size_t)(B * c->Hkv * nsplit * G * (dv + 2));
     const size_t on = out->dtype == MHA_F32 ? 0 : (size_t)(B * Hq * dv);
     const size_t sn = (size_t)(G * (SPLIT_KEYS + dv)) * (size_t)nthreads;
-    float *buf = mha_malloc(sizeof(float) * (qn + on + pn + sn));
-    MHA_CHECK(buf, MHA_ERR_NOMEM, "decode: cannot allocate %zu floats", qn + on + pn + sn);
+    const size_t wo = (qn + on + pn + sn + 1) & ~(size_t)1; /* the doubles, 8-byte aligned */
+    float *buf = mha_malloc(sizeof(float) * (wo + 2 * (size_t)nsplit));
+    MHA_CHECK(buf, MHA_ERR_NOMEM, "decode: cannot allocate %zu floats", wo + 2 * (size_t)nsplit);
     mha_tensor qc, oc = *out;
     mha_tensor_init(&qc, MHA_F32, buf, 4, (int64_t[]){B, Hq, 1, d});
     if (on)
@@ -500,7 +499,8 @@ mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q, const mha_
     if (st == MHA_OK && (kr == MHA_KERNEL_REF || p.softmax_f64 || len == 0))
         st = decode_ref(&oc, &qc, c, &o, len);
     else if (st == MHA_OK)
-        st = decode_splits(&oc, buf, c, &p, kr, len, nsplit, buf + qn + on, nthreads);
+        st = decode_splits(&oc, buf, c, &p, kr, len, nsplit, buf + qn + on, (double *)(buf + wo),
+                           nthreads);
     if (st == MHA_OK && on)
         st = mha_tensor_convert(out, &oc);
     mha_free(buf);

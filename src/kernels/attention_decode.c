@@ -6,6 +6,8 @@
 #include "attention_decode.h"
 #include "convert.h"
 
+#include <math.h>
+
 static inline __attribute__((always_inline)) void qk_scalar_dt(float *s, const float *q, const void *k, mha_dtype dt, int64_t n,
                              int64_t G, int64_t d) {
     for (int64_t j = 0; j < n; j++) {
@@ -56,9 +58,19 @@ static void pv_scalar(float *acc, const float *p, const void *v, mha_dtype dt, i
     }
 }
 
+static float exp_sum_scalar(float *s, int64_t n, float m) {
+    float l = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        s[j] = expf(s[j] - m);
+        l += s[j];
+    }
+    return l;
+}
+
 static void round_p_scalar(float *p, int64_t n, mha_dtype dt) {
     for (int64_t j = 0; j < n; j++)
         p[j] = mha_round_to(dt, p[j]);
 }
 
-const mha_decode_isa mha_decode_isa_scalar = {qk_scalar, pv_scalar, round_p_scalar};
+const mha_decode_isa mha_decode_isa_scalar = {qk_scalar, pv_scalar, exp_sum_scalar,
+                                               round_p_scalar};

@@ -25,6 +25,8 @@ typedef struct mha_decode_isa {
     /* acc (G,dv) += p (G,n) v (n,dv): each value row read once */
     void (*pv)(float *acc, const float *p, const void *v, mha_dtype dt, int64_t n, int64_t G,
                int64_t dv);
+    /* s (n) = exp(s - m) in place; returns their sum */
+    float (*exp_sum)(float *s, int64_t n, float m);
     /* p (n) rounded in place to dt and back (mha_round_to), dt a half type */
     void (*round_p)(float *p, int64_t n, mha_dtype dt);
 } mha_decode_isa;

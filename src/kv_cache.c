@@ -78,7 +78,8 @@ mha_status mha_kv_cache_create(mha_kv_cache **cache, mha_dtype dtype, int64_t B,
     c->v = mha_malloc(es * (size_t)nv);
     if (!c->k || !c->v) {
         mha_kv_cache_free(c);
-        return mha_error(MHA_ERR_NOMEM, "kv cache: cannot allocate %lld + %lld elements of %zu bytes",
+        return mha_error(MHA_ERR_NOMEM,
+                         "kv cache: cannot allocate %lld + %lld elements of %zu bytes",
                          (long long)nk, (long long)nv, es);
     }
     c->B = B, c->Hkv = Hkv, c->capacity = capacity, c->d = d, c->dv = dv, c->dtype = dtype;
@@ -170,9 +171,11 @@ mha_status mha_kv_cache_append(mha_kv_cache *c, const mha_tensor *k, const mha_t
                 const int64_t k0 = b * k->stride[0] + h * k->stride[1] + t * k->stride[2];
                 const int64_t v0 = b * v->stride[0] + h * v->stride[1] + t * v->stride[2];
                 for (int64_t x = 0; x < c->d; x++)
-                    mha_store_f(kd, c->dtype, x, mha_load_f(k->data, k->dtype, k0 + x * k->stride[3]));
+                    mha_store_f(kd, c->dtype, x,
+                                mha_load_f(k->data, k->dtype, k0 + x * k->stride[3]));
                 for (int64_t x = 0; x < c->dv; x++)
-                    mha_store_f(vd, c->dtype, x, mha_load_f(v->data, v->dtype, v0 + x * v->stride[3]));
+                    mha_store_f(vd, c->dtype, x,
+                                mha_load_f(v->data, v->dtype, v0 + x * v->stride[3]));
             }
     }
     c->pos += n;
@@ -374,7 +377,8 @@ static mha_status decode_splits(mha_tensor *out, float *q, const mha_kv_cache *c
     for (int64_t x = 0; x < B * Hq * d; x++)
         q[x] = p->onnx_scale ? (q[x] * p->qk_scale) * p->qk_scale : q[x] * p->scale;
     const mha_decode_isa *isa = &mha_decode_isa_scalar;
-    if (kr == MHA_KERNEL_AVX2 && mha_decode_isa_avx2.qk && mha_attn_best_kernel() == MHA_KERNEL_AVX2)
+    if (kr == MHA_KERNEL_AVX2 && mha_decode_isa_avx2.qk &&
+        mha_attn_best_kernel() == MHA_KERNEL_AVX2)
         isa = &mha_decode_isa_avx2;
     MHA_CHECK(kr != MHA_KERNEL_AVX2 || isa == &mha_decode_isa_avx2, MHA_ERR_UNSUPPORTED,
               "kernel: avx2 is not available here");

@@ -8,8 +8,9 @@
 
 #include <math.h>
 
-static inline __attribute__((always_inline)) void qk_scalar_dt(float *s, const float *q, const void *k, mha_dtype dt, int64_t n,
-                             int64_t G, int64_t d) {
+static inline __attribute__((always_inline)) void
+qk_scalar_dt(float *s, const float *q, const void *k, mha_dtype dt, int64_t n, int64_t G,
+             int64_t d) {
     for (int64_t j = 0; j < n; j++) {
         const int64_t kr = j * d;
         for (int64_t g = 0; g < G; g++) {
@@ -36,8 +37,9 @@ static void qk_scalar(float *s, const float *q, const void *k, mha_dtype dt, int
     }
 }
 
-static inline __attribute__((always_inline)) void pv_scalar_dt(float *acc, const float *p, const void *v, mha_dtype dt, int64_t n,
-                             int64_t G, int64_t dv) {
+static inline __attribute__((always_inline)) void
+pv_scalar_dt(float *acc, const float *p, const void *v, mha_dtype dt, int64_t n, int64_t G,
+             int64_t dv) {
     for (int64_t j = 0; j < n; j++) {
         const int64_t vr = j * dv;
         for (int64_t g = 0; g < G; g++) {

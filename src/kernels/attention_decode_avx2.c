@@ -166,8 +166,9 @@ static inline __attribute__((always_inline)) void pv_heads(float *acc, const flo
         const int64_t nb = n - j0 < PV_KEYS ? n - j0 : PV_KEYS;
         const void *vb = (const char *)v + (size_t)(j0 * dv) * es;
         const float *pb = p + j0;
+        const size_t block = (size_t)(PV_KEYS * dv) * es;
         if (j0 + 2 * PV_KEYS <= n) /* the next block */
-            prefetch_bytes((const char *)vb + (size_t)(PV_KEYS * dv) * es, (size_t)(PV_KEYS * dv) * es);
+            prefetch_bytes((const char *)vb + block, block);
         int64_t x = 0;
         for (; x + 8 * CB <= dv; x += 8 * CB)
             pv_tile(acc, pb, vb, dt, n, nb, dv, x, GN, CB);
@@ -252,9 +253,10 @@ static void round_p_avx2(float *p, int64_t n, mha_dtype dt) {
             const __m256i b = _mm256_castps_si256(x);
             const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
             __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
-            r = _mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u));
-            const __m256i qnan = _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32((int)0xffff0000u)),
-                                                 _mm256_set1_epi32(0x00400000));
+            const __m256i top = _mm256_set1_epi32((int)0xffff0000u);
+            r = _mm256_and_si256(r, top);
+            const __m256i qnan =
+                _mm256_or_si256(_mm256_and_si256(b, top), _mm256_set1_epi32(0x00400000));
             const __m256 isnan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
             _mm256_storeu_ps(p + j, _mm256_blendv_ps(_mm256_castsi256_ps(r),
                                                      _mm256_castsi256_ps(qnan), isnan));

@@ -4,10 +4,15 @@
  * Letter legend: B batch, H query heads, Hkv key/value heads, S cached keys,
  * d head dim (= dv).
  *
- * Bytes moved per step = 4 * (2 * B*Hkv*S*d  (K and V, read once: GQA groups
- * share them) + 2 * B*H*d (q in, out)); gbps = bytes / time.  FLOPs =
- * 4*B*H*S*d.  The output is validated against the reference decode
- * (MHA_KERNEL_REF: float64 over the cache in position order) before timing;
+ * --dtype f32|bf16|f16 is the cache's storage.  Bytes moved per step =
+ * es * 2 * B*Hkv*S*d (K and V in the storage dtype of es bytes, read once:
+ * GQA groups share them) + 4 * 2 * B*H*d (q in, out); gbps = bytes / time.
+ * FLOPs = 4*B*H*S*d.  read_gbps: the machine's read bandwidth measured on a
+ * buffer of the cache's size with the same threads (a sum of 64-bit words,
+ * median of --reps passes); bw_frac = gbps / read_gbps.  The output is
+ * validated against the reference decode (MHA_KERNEL_REF: float64 over the
+ * cache in position order, P unrounded, so a half cache differs by the
+ * rounding of P: bound 1e-4 for f32, 2e-3 f16, 1e-2 bf16) before timing;
  * the time is the median of --reps steps after one warm-up.
  */
 #include "cli.h"
@@ -32,18 +37,49 @@ static int cmp_double(const void *a, const void *b) {
 static void usage(FILE *f) {
     fprintf(f, "usage: mha bench --decode [--batch B] [--heads H] [--kv-heads Hkv]\n"
                "                 [--kv-seq S[,S...]] [--head-dim d] [--threads N] [--reps N]\n"
-               "                 [--kernel ref|scalar|avx2|auto] [--json]\n"
+               "                 [--kernel ref|scalar|avx2|auto] [--dtype f32|bf16|f16] [--json]\n"
                "op \"decode\": one token against S cached keys; prints ms, GB/s of K/V read\n"
-               "(and q/out), GFLOP/s, the error against the reference.  Defaults: B=1 H=32\n"
-               "Hkv=8 d=128 S=1024,4096,16384 (the GQA shape of an 8B model).\n");
+               "(and q/out), GFLOP/s, the measured read bandwidth and the fraction of it\n"
+               "reached, the error against the reference.  --dtype: the cache's storage.\n"
+               "Defaults: B=1 H=32 Hkv=8 d=128 S=1024,4096,16384 (the GQA shape of an 8B\n"
+               "model), f32.\n");
+}
+
+static volatile uint64_t read_sink; /* keeps the reads of read_gbps */
+
+/* GB/s of reading n bytes (a multiple of 8) with `threads` threads: the
+ * median of reps passes summing 64-bit words (4 chains; integer adds keep
+ * up with memory). */
+static double read_gbps(const uint64_t *w, size_t n, int reps, int threads) {
+    const size_t words = n / 8;
+    double *t = malloc(sizeof(double) * (size_t)(reps + 1));
+    if (!t)
+        return 0.0;
+    uint64_t total = 0;
+    (void)threads;
+    for (int r = 0; r <= reps; r++) { /* pass 0 warms up */
+        double t0 = now_s();
+        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : s0, s1, s2, s3)
+        for (size_t i = 0; i < words / 4; i++) {
+            s0 += w[4 * i], s1 += w[4 * i + 1], s2 += w[4 * i + 2], s3 += w[4 * i + 3];
+        }
+        t[r] = now_s() - t0;
+        total += s0 + s1 + s2 + s3;
+    }
+    read_sink = total;
+    qsort(t + 1, (size_t)reps, sizeof *t, cmp_double);
+    const double gbps = (double)(words / 4 * 32) / (t[1 + reps / 2] * 1e9);
+    free(t);
+    return gbps;
 }
 
 static int run_case(int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t d, int reps,
-                    mha_kernel kernel, int json, int threads) {
+                    mha_kernel kernel, mha_dtype dtype, int json, int threads) {
     mha_kv_cache *c = NULL;
     mha_tensor k = {0}, q = {0}, o = {0}, r = {0};
     int rc = CLI_OK;
-    mha_status st = mha_kv_cache_create(&c, MHA_F32, B, Hkv, S, d, d, 0);
+    mha_status st = mha_kv_cache_create(&c, dtype, B, Hkv, S, d, d, 0);
     if (st == MHA_OK)
         st = mha_tensor_create(&k, MHA_F32, 4, (int64_t[]){B, Hkv, S, d});
     if (st == MHA_OK)
@@ -89,22 +125,33 @@ static int run_case(int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t d, int
     qsort(t, (size_t)reps, sizeof *t, cmp_double);
     const double ms = 1e3 * t[reps / 2];
     free(t);
-    const double bytes = 4.0 * (2.0 * (double)(B * Hkv * S * d) + 2.0 * (double)(B * H * d));
+    const double cache_bytes = (double)mha_dtype_size(dtype) * 2.0 * (double)(B * Hkv * S * d);
+    const double bytes = cache_bytes + 4.0 * 2.0 * (double)(B * H * d);
     const double gbps = bytes / (ms * 1e6), gf = 4.0 * (double)(B * H * S * d) / (ms * 1e6);
+    uint64_t *w = malloc((size_t)cache_bytes + 8);
+    double rgbps = 0.0;
+    if (w) { /* the read bandwidth over as many bytes as the cache */
+        memset(w, 1, (size_t)cache_bytes + 8);
+        rgbps = read_gbps(w, (size_t)cache_bytes, reps, threads);
+        free(w);
+    }
     const char *kn = mha_kernel_name(mha_kernel_resolve(kernel));
+    const char *dn = dtype == MHA_BF16 ? "bf16" : dtype == MHA_F16 ? "f16" : "f32";
     if (json)
-        printf("{\"op\":\"decode\",\"kernel\":\"%s\",\"B\":%lld,\"H\":%lld,\"Hkv\":%lld,\"L\":1,"
-               "\"S\":%lld,\"d\":%lld,\"threads\":%d,\"ms\":%.4f,\"gbps\":%.2f,\"gflops\":%.2f,"
+        printf("{\"op\":\"decode\",\"kernel\":\"%s\",\"dtype\":\"%s\",\"B\":%lld,\"H\":%lld,"
+               "\"Hkv\":%lld,\"L\":1,\"S\":%lld,\"d\":%lld,\"threads\":%d,\"ms\":%.4f,"
+               "\"gbps\":%.2f,\"gflops\":%.2f,\"read_gbps\":%.2f,\"bw_frac\":%.3f,"
                "\"max_err\":%.3g}\n",
-               kn, (long long)B, (long long)H, (long long)Hkv, (long long)S, (long long)d,
-               threads, ms, gbps, gf, err);
+               kn, dn, (long long)B, (long long)H, (long long)Hkv, (long long)S, (long long)d,
+               threads, ms, gbps, gf, rgbps, rgbps > 0 ? gbps / rgbps : 0.0, err);
     else
-        printf("decode %-6s B=%-2lld H=%-2lld Hkv=%-2lld S=%-6lld d=%-3lld t=%d %9.3f ms "
-               "%7.2f GB/s %7.1f GFLOP/s  err %.2g\n",
-               kn, (long long)B, (long long)H, (long long)Hkv, (long long)S, (long long)d,
-               threads, ms, gbps, gf, err);
+        printf("decode %-6s %-4s B=%-2lld H=%-2lld Hkv=%-2lld S=%-6lld d=%-3lld t=%d %9.3f ms "
+               "%7.2f GB/s %7.1f GFLOP/s  read %6.2f GB/s (%3.0f%%)  err %.2g\n",
+               kn, dn, (long long)B, (long long)H, (long long)Hkv, (long long)S, (long long)d,
+               threads, ms, gbps, gf, rgbps, rgbps > 0 ? 100.0 * gbps / rgbps : 0.0, err);
     fflush(stdout);
-    if (!(err <= 1e-4)) {
+    const double tol = dtype == MHA_BF16 ? 1e-2 : dtype == MHA_F16 ? 2e-3 : 1e-4;
+    if (!(err <= tol)) {
         fprintf(stderr, "mha bench: decode: error %.3g against the reference\n", err);
         rc = CLI_INTERNAL;
     }
@@ -118,6 +165,7 @@ int cli_bench_decode(int argc, char **argv) {
     int64_t B = 1, H = 32, Hkv = 8, d = 128, S[16] = {1024, 4096, 16384};
     int nS = 3, reps = 9, json = 0, threads = 0;
     mha_kernel kernel = MHA_KERNEL_AUTO;
+    mha_dtype dtype = MHA_F32;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--decode"))
@@ -144,6 +192,15 @@ int cli_bench_decode(int argc, char **argv) {
                                        : MHA_KERNEL_AUTO;
             else {
                 fprintf(stderr, "mha bench: --kernel: '%s' is not ref, scalar, avx2 or auto\n", v);
+                return CLI_BAD_INPUT;
+            }
+            continue;
+        }
+        if (!strcmp(a, "--dtype")) {
+            if (!strcmp(v, "f32") || !strcmp(v, "bf16") || !strcmp(v, "f16"))
+                dtype = v[0] == 'b' ? MHA_BF16 : v[1] == '1' ? MHA_F16 : MHA_F32;
+            else {
+                fprintf(stderr, "mha bench: --dtype: '%s' is not f32, bf16 or f16\n", v);
                 return CLI_BAD_INPUT;
             }
             continue;
@@ -176,7 +233,7 @@ int cli_bench_decode(int argc, char **argv) {
         mha_set_num_threads(threads);
     int shown = threads > 0 ? threads : mha_get_num_threads();
     for (int i = 0; i < nS; i++) {
-        int rc = run_case(B, H, Hkv, S[i], d, reps, kernel, json, shown);
+        int rc = run_case(B, H, Hkv, S[i], d, reps, kernel, dtype, json, shown);
         if (rc != CLI_OK)
             return rc;
     }

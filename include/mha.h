@@ -423,15 +423,18 @@ MHA_API mha_status mha_onnx_attention(mha_tensor *y, mha_tensor *present_key,
 typedef struct mha_kv_cache mha_kv_cache;
 
 /* dtype is the storage of keys and values: MHA_F32, or MHA_BF16 / MHA_F16
- * for half the memory (append rounds to nearest even; decode reads the
- * half values and computes in float32, P rounded to dtype before P.V). */
+ * for half the memory (anything else: MHA_ERR_DTYPE).  Append takes k/v of
+ * any float dtype and rounds to nearest even; decode reads the half values
+ * directly and computes in float32, P rounded to dtype before P.V (relative
+ * to each split's max; the sum l from the unrounded P). */
 MHA_API mha_status mha_kv_cache_create(mha_kv_cache **cache, mha_dtype dtype, int64_t B,
                                        int64_t Hkv, int64_t capacity, int64_t d, int64_t dv,
                                        int64_t window);
 /* The storage dtype given to create. */
 MHA_API mha_dtype mha_kv_cache_dtype(const mha_kv_cache *cache);
 MHA_API void mha_kv_cache_free(mha_kv_cache *cache);
-/* Appends n new steps: k (B,Hkv,n,d), v (B,Hkv,n,dv). */
+/* Appends n new steps: k (B,Hkv,n,d), v (B,Hkv,n,dv), each F32, F16 or
+ * BF16, any strides; validated first (a refused append changes nothing). */
 MHA_API mha_status mha_kv_cache_append(mha_kv_cache *cache, const mha_tensor *k,
                                        const mha_tensor *v);
 /* Forgets every key (length 0); keeps the memory. */
@@ -448,7 +451,10 @@ MHA_API int64_t mha_kv_cache_length(const mha_kv_cache *cache);
  * softmax_precision of opt (NULL = defaults); masks, causal and windows
  * come from the cache.  Hq a multiple of Hkv; K/V are never replicated.
  * Long caches are split across threads (per-split max, sum and
- * accumulator, merged by log-sum-exp); bit-identical for any thread count. */
+ * accumulator, merged by log-sum-exp); bit-identical for any thread count.
+ * q and out: F32, F16 or BF16 (out rounded once from the float32 result);
+ * lse float32.  Kernel REF reads a half cache's values exactly and keeps
+ * P unrounded (float64). */
 MHA_API mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q,
                                         const mha_kv_cache *cache, const mha_sdpa_options *opt);
 

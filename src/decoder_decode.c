@@ -26,7 +26,7 @@ struct mha_decoder_cache {
     mha_kv_cache **self;   /* per layer                                    */
     float *mem_kv;         /* per layer: K (B,S,E) then V (B,S,E)           */
     float *scratch;        /* 8 x (B,E) rows                                */
-    float *undo;           /* per layer: the self cache's next slot (2 x (B,E)) */
+    char *undo;            /* per layer: the self cache's next slot (2 x (B,E) float32) */
     int64_t *undo_pos;     /* per layer: the self cache's position before a step */
 };
 
@@ -253,7 +253,7 @@ mha_status mha_decoder_decode_step(mha_tensor *out, const mha_tensor *x,
         MHA_CHECK(c->undo_pos[l] < c->capacity, MHA_ERR_VALUE,
                   "decoder decode: the cache is full (%lld of %lld tokens)",
                   (long long)c->undo_pos[l], (long long)c->capacity);
-        mha_kv_cache_slot_save(c->self[l], c->undo + l * mha_kv_cache_slot_floats(c->self[l]));
+        mha_kv_cache_slot_save(c->self[l], c->undo + l * mha_kv_cache_slot_bytes(c->self[l]));
     }
     float *h = c->scratch;
     memcpy(h, x->data, sizeof(float) * (size_t)n);
@@ -262,7 +262,7 @@ mha_status mha_decoder_decode_step(mha_tensor *out, const mha_tensor *x,
         for (int64_t l = 0; l < c->layers; l++)
             if (mha_kv_cache_position(c->self[l]) != c->undo_pos[l])
                 mha_kv_cache_rewind(c->self[l], c->undo_pos[l],
-                                    c->undo + l * mha_kv_cache_slot_floats(c->self[l]));
+                                    c->undo + l * mha_kv_cache_slot_bytes(c->self[l]));
         return st;
     }
     memcpy(out->data, h, sizeof(float) * (size_t)n);

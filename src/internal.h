@@ -331,12 +331,13 @@ void mha_gemm_f32_ab(int trans_a, float *c, int64_t ldc, const float *a, int64_t
  * (the decoder's step): save the slot the next single-token append fills,
  * and rewind to the position before it with the slot's bytes restored, so
  * the cache is bit-identical to before the append. */
-int64_t mha_kv_cache_slot_floats(const mha_kv_cache *c); /* B*Hkv*(d+dv) */
-void mha_kv_cache_slot_save(const mha_kv_cache *c, float *saved);
-void mha_kv_cache_rewind(mha_kv_cache *c, int64_t pos, const float *saved);
-/* The whole storage, k (B,Hkv,slots,d) and v (B,Hkv,slots,dv) (for tests). */
-void mha_kv_cache_storage(const mha_kv_cache *c, const float **k, size_t *nk, const float **v,
-                          size_t *nv);
+size_t mha_kv_cache_slot_bytes(const mha_kv_cache *c); /* B*Hkv*(d+dv) elements */
+void mha_kv_cache_slot_save(const mha_kv_cache *c, void *saved);
+void mha_kv_cache_rewind(mha_kv_cache *c, int64_t pos, const void *saved);
+/* The whole storage, k (B,Hkv,slots,d) and v (B,Hkv,slots,dv) in the cache's
+ * dtype, and the bytes allocated for each (for tests). */
+void mha_kv_cache_storage(const mha_kv_cache *c, const void **k, size_t *k_bytes,
+                          const void **v, size_t *v_bytes);
 /* Layer l's self-attention cache of a decoder cache (decoder_decode.c). */
 const mha_kv_cache *mha_decoder_cache_layer(const mha_decoder_cache *c, int64_t l);
 

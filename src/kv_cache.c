@@ -6,7 +6,8 @@
  * query heads per kv head, d head dim of q/k, dv head dim of v, W window,
  * C keys per split.
  *
- * Layout: k (B,Hkv,slots,d), v (B,Hkv,slots,dv), one allocation each.
+ * Layout: k (B,Hkv,slots,d), v (B,Hkv,slots,dv), one allocation each, in
+ * the storage dtype (MHA_F32, or MHA_BF16 / MHA_F16: 2 bytes an element).
  * Without a window slot t holds position t; with a window of W the slots
  * are a ring and position t lives in slot t mod W.
  *
@@ -20,9 +21,17 @@
  *     M = max m_c,  l = sum l_c e^{m_c - M},  out = sum acc_c e^{m_c - M} / l
  * with the sink as one more term of l.  The reference path (kernel REF or
  * float64 softmax) runs mha_attn_fwd_f32_ref on the cache in position order.
+ *
+ * Half caches: append rounds k and v to the storage dtype (nearest even);
+ * the split loops read the half rows directly (never a whole-cache
+ * conversion), round P to the storage dtype before P.V (as FlashAttention
+ * does; l sums the unrounded P) and accumulate in float32.  The reference
+ * path converts the cache's values (exactly) to float32 and keeps P in
+ * float64, unrounded: it is the oracle the rounding is measured against.
  */
 #include "internal.h"
 #include "kernels/attention_decode.h"
+#include "kernels/convert.h"
 
 #include <string.h>
 
@@ -32,37 +41,49 @@ struct mha_kv_cache {
     mha_dtype dtype;  /* storage of k and v                               */
     int64_t slots;    /* capacity, or W with a window                    */
     int64_t pos;      /* tokens appended since create/reset              */
-    float *k;         /* (B,Hkv,slots,d)                                  */
-    float *v;         /* (B,Hkv,slots,dv)                                 */
+    size_t es;        /* bytes of one element of dtype                    */
+    void *k;          /* (B,Hkv,slots,d) of dtype                         */
+    void *v;          /* (B,Hkv,slots,dv) of dtype                        */
 };
+
+/* Row `slot` of (b*Hkv + h) = bh in k / v. */
+static char *k_row(const mha_kv_cache *c, int64_t bh, int64_t slot) {
+    return (char *)c->k + (size_t)((bh * c->slots + slot) * c->d) * c->es;
+}
+static char *v_row(const mha_kv_cache *c, int64_t bh, int64_t slot) {
+    return (char *)c->v + (size_t)((bh * c->slots + slot) * c->dv) * c->es;
+}
 
 mha_status mha_kv_cache_create(mha_kv_cache **cache, mha_dtype dtype, int64_t B, int64_t Hkv,
                                int64_t capacity, int64_t d, int64_t dv, int64_t window) {
     MHA_CHECK(cache, MHA_ERR_NULL, "cache: NULL");
     *cache = NULL;
-    MHA_CHECK(dtype == MHA_F32, MHA_ERR_DTYPE, "kv cache: storage dtype %d not served yet",
-              (int)dtype);
+    MHA_CHECK(mha_dtype_is_float(dtype), MHA_ERR_DTYPE,
+              "kv cache: storage dtype %d, want MHA_F32, MHA_F16 or MHA_BF16", (int)dtype);
     MHA_CHECK(B > 0 && Hkv > 0 && capacity > 0 && d > 0 && dv > 0, MHA_ERR_SHAPE,
               "kv cache: B %lld, Hkv %lld, capacity %lld, d %lld, dv %lld must be > 0",
               (long long)B, (long long)Hkv, (long long)capacity, (long long)d, (long long)dv);
     MHA_CHECK(window >= 0 && window <= capacity, MHA_ERR_VALUE,
               "window: %lld, want 0 (none) or 1..capacity (%lld)", (long long)window,
               (long long)capacity);
+    const size_t es = mha_dtype_size(dtype);
     int64_t slots = window > 0 ? window : capacity, nk, nv;
     MHA_CHECK(mha_product((int64_t[]){B, Hkv, slots, d}, 4, &nk) &&
                   mha_product((int64_t[]){B, Hkv, slots, dv}, 4, &nv) &&
-                  (uint64_t)nk < SIZE_MAX / sizeof(float) && (uint64_t)nv < SIZE_MAX / sizeof(float),
+                  (uint64_t)nk < SIZE_MAX / es && (uint64_t)nv < SIZE_MAX / es,
               MHA_ERR_OVERFLOW, "kv cache: B*Hkv*slots*d overflows");
     mha_kv_cache *c = mha_calloc(1, sizeof *c);
     MHA_CHECK(c, MHA_ERR_NOMEM, "kv cache: cannot allocate the object");
-    c->k = mha_malloc(sizeof(float) * (size_t)nk);
-    c->v = mha_malloc(sizeof(float) * (size_t)nv);
+    c->k = mha_malloc(es * (size_t)nk);
+    c->v = mha_malloc(es * (size_t)nv);
     if (!c->k || !c->v) {
         mha_kv_cache_free(c);
-        return mha_error(MHA_ERR_NOMEM, "kv cache: cannot allocate %lld + %lld floats",
-                         (long long)nk, (long long)nv);
+        return mha_error(MHA_ERR_NOMEM,
+                         "kv cache: cannot allocate %lld + %lld elements of %zu bytes",
+                         (long long)nk, (long long)nv, es);
     }
     c->B = B, c->Hkv = Hkv, c->capacity = capacity, c->d = d, c->dv = dv, c->dtype = dtype;
+    c->es = es;
     c->window = window, c->slots = slots;
     *cache = c;
     return MHA_OK;
@@ -89,43 +110,45 @@ int64_t mha_kv_cache_length(const mha_kv_cache *cache) {
     return cache->pos < cache->slots ? cache->pos : cache->slots;
 }
 
-int64_t mha_kv_cache_slot_floats(const mha_kv_cache *c) { return c->B * c->Hkv * (c->d + c->dv); }
+size_t mha_kv_cache_slot_bytes(const mha_kv_cache *c) {
+    return (size_t)(c->B * c->Hkv * (c->d + c->dv)) * c->es;
+}
 
 /* Copies (or, restore != 0, writes back) the slot the next append fills:
- * saved (B,Hkv,d) keys then (B,Hkv,dv) values. */
-static void slot_copy(mha_kv_cache *c, float *saved, int restore) {
+ * saved (B,Hkv,d) keys then (B,Hkv,dv) values, in the storage dtype. */
+static void slot_copy(mha_kv_cache *c, char *saved, int restore) {
     const int64_t slot = c->pos % c->slots;
-    float *sk = saved, *sv = saved + c->B * c->Hkv * c->d;
+    const size_t kb = (size_t)c->d * c->es, vb = (size_t)c->dv * c->es;
+    char *sk = saved, *sv = saved + (size_t)(c->B * c->Hkv) * kb;
     for (int64_t bh = 0; bh < c->B * c->Hkv; bh++) {
-        float *kd = c->k + (bh * c->slots + slot) * c->d;
-        float *vd = c->v + (bh * c->slots + slot) * c->dv;
-        float *ks = sk + bh * c->d, *vs = sv + bh * c->dv;
-        memcpy(restore ? kd : ks, restore ? ks : kd, sizeof(float) * (size_t)c->d);
-        memcpy(restore ? vd : vs, restore ? vs : vd, sizeof(float) * (size_t)c->dv);
+        char *kd = k_row(c, bh, slot), *vd = v_row(c, bh, slot);
+        char *ks = sk + (size_t)bh * kb, *vs = sv + (size_t)bh * vb;
+        memcpy(restore ? kd : ks, restore ? ks : kd, kb);
+        memcpy(restore ? vd : vs, restore ? vs : vd, vb);
     }
 }
 
-void mha_kv_cache_slot_save(const mha_kv_cache *c, float *saved) {
+void mha_kv_cache_slot_save(const mha_kv_cache *c, void *saved) {
     slot_copy((mha_kv_cache *)c, saved, 0);
 }
 
-void mha_kv_cache_storage(const mha_kv_cache *c, const float **k, size_t *nk, const float **v,
-                          size_t *nv) {
+void mha_kv_cache_storage(const mha_kv_cache *c, const void **k, size_t *k_bytes, const void **v,
+                          size_t *v_bytes) {
     *k = c->k, *v = c->v;
-    *nk = (size_t)(c->B * c->Hkv * c->slots * c->d);
-    *nv = (size_t)(c->B * c->Hkv * c->slots * c->dv);
+    *k_bytes = (size_t)(c->B * c->Hkv * c->slots * c->d) * c->es;
+    *v_bytes = (size_t)(c->B * c->Hkv * c->slots * c->dv) * c->es;
 }
 
-void mha_kv_cache_rewind(mha_kv_cache *c, int64_t pos, const float *saved) {
+void mha_kv_cache_rewind(mha_kv_cache *c, int64_t pos, const void *saved) {
     c->pos = pos;
-    slot_copy(c, (float *)saved, 1);
+    slot_copy(c, (char *)saved, 1);
 }
 
 mha_status mha_kv_cache_append(mha_kv_cache *c, const mha_tensor *k, const mha_tensor *v) {
     char s1[MHA_SHAPE_BUF];
     MHA_CHECK(c, MHA_ERR_NULL, "cache: NULL");
-    MHA_TRY(mha_check_tensor(k, "k", 4, MHA_F32));
-    MHA_TRY(mha_check_tensor(v, "v", 4, MHA_F32));
+    MHA_TRY(mha_check_float_tensor(k, "k", 4));
+    MHA_TRY(mha_check_float_tensor(v, "v", 4));
     const int64_t n = k->shape[2];
     MHA_CHECK(k->shape[0] == c->B && k->shape[1] == c->Hkv && k->shape[3] == c->d, MHA_ERR_SHAPE,
               "k: shape %s, want (%lld,%lld,n,%lld)", mha_shape_str(k, s1, sizeof s1),
@@ -139,20 +162,20 @@ mha_status mha_kv_cache_append(mha_kv_cache *c, const mha_tensor *k, const mha_t
               "kv cache: appending %lld steps to %lld of capacity %lld", (long long)n,
               (long long)c->pos, (long long)c->capacity);
     MHA_CHECK(n <= INT64_MAX - c->pos, MHA_ERR_OVERFLOW, "kv cache: position overflows");
+    /* converted (rounded to nearest even) to the storage dtype */
     for (int64_t t = 0; t < n; t++) {
         const int64_t slot = (c->pos + t) % c->slots;
         for (int64_t b = 0; b < c->B; b++)
             for (int64_t h = 0; h < c->Hkv; h++) {
-                float *kd = c->k + ((b * c->Hkv + h) * c->slots + slot) * c->d;
-                float *vd = c->v + ((b * c->Hkv + h) * c->slots + slot) * c->dv;
-                const float *ks = (const float *)k->data + b * k->stride[0] + h * k->stride[1] +
-                                  t * k->stride[2];
-                const float *vs = (const float *)v->data + b * v->stride[0] + h * v->stride[1] +
-                                  t * v->stride[2];
+                char *kd = k_row(c, b * c->Hkv + h, slot), *vd = v_row(c, b * c->Hkv + h, slot);
+                const int64_t k0 = b * k->stride[0] + h * k->stride[1] + t * k->stride[2];
+                const int64_t v0 = b * v->stride[0] + h * v->stride[1] + t * v->stride[2];
                 for (int64_t x = 0; x < c->d; x++)
-                    kd[x] = ks[x * k->stride[3]];
+                    mha_store_f(kd, c->dtype, x,
+                                mha_load_f(k->data, k->dtype, k0 + x * k->stride[3]));
                 for (int64_t x = 0; x < c->dv; x++)
-                    vd[x] = vs[x * v->stride[3]];
+                    mha_store_f(vd, c->dtype, x,
+                                mha_load_f(v->data, v->dtype, v0 + x * v->stride[3]));
             }
     }
     c->pos += n;
@@ -247,7 +270,7 @@ mha_status mha_attention_merge(mha_tensor *out, mha_tensor *lse_out, int64_t n,
 
 /* ---- decode ----------------------------------------------------------------- */
 
-enum { SPLIT_KEYS = 256 }; /* C: keys per split (fixed: thread-count independent) */
+enum { SPLIT_KEYS = MHA_DECODE_SPLIT_KEYS }; /* C (attention_decode.h) */
 
 /* Position of slot s when the cache holds len keys ending at pos - 1. */
 static int64_t slot_position(const mha_kv_cache *c, int64_t s, int64_t len) {
@@ -271,14 +294,13 @@ typedef struct decode_args {
  * s (G, SPLIT_KEYS) is this thread's scratch. */
 static void decode_split(const decode_args *a, int64_t b, int64_t hk, int64_t sp, float *s) {
     const mha_kv_cache *c = a->c;
-    const int64_t d = c->d, dv = c->dv, G = a->G;
+    const int64_t dv = c->dv, G = a->G;
     const int64_t j0 = sp * SPLIT_KEYS, j1 = j0 + SPLIT_KEYS < a->len ? j0 + SPLIT_KEYS : a->len;
     const int64_t n = j1 - j0;
-    const float *kb = c->k + ((b * c->Hkv + hk) * c->slots + j0) * d;
-    const float *vb = c->v + ((b * c->Hkv + hk) * c->slots + j0) * dv;
+    const void *kb = k_row(c, b * c->Hkv + hk, j0), *vb = v_row(c, b * c->Hkv + hk, j0);
     float *part = a->part + ((b * c->Hkv + hk) * a->nsplit + sp) * G * (dv + 2);
     /* scores (G, n): each K row read once for the group */
-    a->isa->qk(s, a->q + (b * a->Hq + hk * G) * d, kb, n, G, d);
+    a->isa->qk(s, a->q + (b * a->Hq + hk * G) * c->d, kb, c->dtype, n, G, c->d);
     for (int64_t g = 0; g < G; g++) {
         float *sg = s + g * n;
         const float slope =
@@ -298,40 +320,38 @@ static void decode_split(const decode_args *a, int64_t b, int64_t hk, int64_t sp
         }
         if (nan)
             m = NAN;
-        float l = 0.0f;
-        for (int64_t j = 0; j < n; j++) {
-            sg[j] = expf(sg[j] - m);
-            l += sg[j];
-        }
-        part[g * (dv + 2) + dv] = m, part[g * (dv + 2) + dv + 1] = l;
+        part[g * (dv + 2) + dv] = m, part[g * (dv + 2) + dv + 1] = a->isa->exp_sum(sg, n, m);
     }
+    /* P rounded to the storage dtype for P.V (l above summed it unrounded) */
+    if (c->dtype != MHA_F32)
+        a->isa->round_p(s, G * n, c->dtype);
     /* acc (G, dv) += P V: each V row read once for the group */
     float *acc = s + G * SPLIT_KEYS;
     for (int64_t x = 0; x < G * dv; x++)
         acc[x] = 0.0f;
-    a->isa->pv(acc, s, vb, n, G, dv);
+    a->isa->pv(acc, s, vb, c->dtype, n, G, dv);
     for (int64_t g = 0; g < G; g++)
         for (int64_t x = 0; x < dv; x++)
             part[g * (dv + 2) + x] = acc[g * dv + x];
 }
 
-/* The reference decode: the cache in position order through the reference
- * kernel (float64). */
+/* The reference decode: the cache in position order, converted to float32
+ * (exact: every half value is a float), through the reference kernel
+ * (float64); out (B,Hq,1,dv) float32. */
 static mha_status decode_ref(mha_tensor *out, const mha_tensor *q, const mha_kv_cache *c,
                              const mha_sdpa_options *opt, int64_t len) {
     int64_t nk = c->B * c->Hkv * len * c->d, nv = c->B * c->Hkv * len * c->dv;
     float *buf = mha_malloc(sizeof(float) * (size_t)(nk + nv > 0 ? nk + nv : 1));
     MHA_CHECK(buf, MHA_ERR_NOMEM, "decode: cannot allocate %lld floats", (long long)(nk + nv));
-    for (int64_t b = 0; b < c->B; b++)
-        for (int64_t h = 0; h < c->Hkv; h++)
-            for (int64_t s = 0; s < len; s++) {
-                int64_t j = slot_position(c, s, len) - (c->pos - len);
-                memcpy(buf + ((b * c->Hkv + h) * len + j) * c->d,
-                       c->k + ((b * c->Hkv + h) * c->slots + s) * c->d, sizeof(float) * (size_t)c->d);
-                memcpy(buf + nk + ((b * c->Hkv + h) * len + j) * c->dv,
-                       c->v + ((b * c->Hkv + h) * c->slots + s) * c->dv,
-                       sizeof(float) * (size_t)c->dv);
-            }
+    for (int64_t bh = 0; bh < c->B * c->Hkv; bh++)
+        for (int64_t s = 0; s < len; s++) {
+            int64_t j = slot_position(c, s, len) - (c->pos - len);
+            const void *kr = k_row(c, bh, s), *vr = v_row(c, bh, s);
+            for (int64_t x = 0; x < c->d; x++)
+                buf[(bh * len + j) * c->d + x] = mha_load_f(kr, c->dtype, x);
+            for (int64_t x = 0; x < c->dv; x++)
+                buf[nk + (bh * len + j) * c->dv + x] = mha_load_f(vr, c->dtype, x);
+        }
     mha_tensor K, V;
     mha_tensor_init(&K, MHA_F32, buf, 4, (int64_t[]){c->B, c->Hkv, len, c->d});
     mha_tensor_init(&V, MHA_F32, buf + nk, 4, (int64_t[]){c->B, c->Hkv, len, c->dv});
@@ -343,14 +363,81 @@ static mha_status decode_ref(mha_tensor *out, const mha_tensor *q, const mha_kv_
     return st;
 }
 
+/* The split path: q (B,Hq,d) contiguous float32 (rotated; scaled here in
+ * place), out (B,Hq,1,dv) float32; work (B,Hkv,nsplit,G,dv+2) partials then
+ * nthreads scratch slices of G*(SPLIT_KEYS+dv); wsplit (nsplit) the merge's
+ * weights e^{m_c - M} of one head. */
+static mha_status decode_splits(mha_tensor *out, float *q, const mha_kv_cache *c,
+                                const mha_attn_problem *p, mha_kernel kr, int64_t len,
+                                int64_t nsplit, float *work, double *wsplit, int nthreads) {
+    const int64_t B = c->B, Hq = p->Hq, G = Hq / c->Hkv, d = c->d, dv = c->dv;
+    /* q pre-scaled: q*scale, or (q*sqrt(scale))*sqrt(scale) for the ONNX
+     * convention (k is not rescaled: the last bits may differ from the
+     * forward, well inside the tests' 1e-5) */
+    for (int64_t x = 0; x < B * Hq * d; x++)
+        q[x] = p->onnx_scale ? (q[x] * p->qk_scale) * p->qk_scale : q[x] * p->scale;
+    const mha_decode_isa *isa = &mha_decode_isa_scalar;
+    if (kr == MHA_KERNEL_AVX2 && mha_decode_isa_avx2.qk &&
+        mha_attn_best_kernel() == MHA_KERNEL_AVX2)
+        isa = &mha_decode_isa_avx2;
+    MHA_CHECK(kr != MHA_KERNEL_AVX2 || isa == &mha_decode_isa_avx2, MHA_ERR_UNSUPPORTED,
+              "kernel: avx2 is not available here");
+    decode_args a = {c, isa, q, Hq, G, len, nsplit, p->softcap, &p->alibi, work};
+    const int64_t tasks = B * c->Hkv * nsplit;
+    float *scratch = work + B * c->Hkv * nsplit * G * (dv + 2);
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t t = 0; t < tasks; t++) {
+        const int tid = mha_thread_index();
+        int64_t sp = t % nsplit, hk = (t / nsplit) % c->Hkv, b = t / (nsplit * c->Hkv);
+        decode_split(&a, b, hk, sp, scratch + (size_t)tid * (size_t)(G * (SPLIT_KEYS + dv)));
+    }
+    /* merge the splits in order (double), with the sink as one more term */
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Hq; h++) {
+            const int64_t hk = h / G, g = h % G;
+            const float *pb = a.part + ((b * c->Hkv + hk) * nsplit * G + g) * (dv + 2);
+            const int64_t ps = G * (dv + 2); /* stride between splits */
+            double m = p->sinks.data ? ((const float *)p->sinks.data)[h * p->sinks.stride[0]]
+                                     : -INFINITY;
+            bool nan = false;
+            for (int64_t sp = 0; sp < nsplit; sp++) {
+                double x = pb[sp * ps + dv];
+                if (isnan(x))
+                    nan = true;
+                else if (x > m)
+                    m = x;
+            }
+            if (nan)
+                m = NAN;
+            double l = p->sinks.data
+                           ? exp((double)((const float *)p->sinks.data)[h * p->sinks.stride[0]] - m)
+                           : 0.0;
+            for (int64_t sp = 0; sp < nsplit; sp++) {
+                wsplit[sp] = exp(pb[sp * ps + dv] - m);
+                l += pb[sp * ps + dv + 1] * wsplit[sp];
+            }
+            float *orow = (float *)out->data + b * out->stride[0] + h * out->stride[1];
+            for (int64_t x = 0; x < dv; x++) {
+                double acc = 0.0;
+                for (int64_t sp = 0; sp < nsplit; sp++)
+                    acc += pb[sp * ps + x] * wsplit[sp];
+                orow[x * out->stride[3]] = (float)(acc / l);
+            }
+            if (p->lse.data)
+                ((float *)p->lse.data)[b * p->lse.stride[0] + h * p->lse.stride[1]] =
+                    (float)(m + log(l));
+        }
+    return MHA_OK;
+}
+
 mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q, const mha_kv_cache *c,
                                 const mha_sdpa_options *opt) {
     char s1[MHA_SHAPE_BUF];
     MHA_TRY(mha_runtime_check());
     MHA_OPTIONS_DEFAULT(mha_sdpa_options, opt);
     MHA_CHECK(c, MHA_ERR_NULL, "cache: NULL");
-    MHA_TRY(mha_check_tensor(q, "q", 4, MHA_F32));
-    MHA_TRY(mha_check_tensor(out, "out", 4, MHA_F32));
+    MHA_TRY(mha_check_float_tensor(q, "q", 4));
+    MHA_TRY(mha_check_float_tensor(out, "out", 4));
     const int64_t B = c->B, Hq = q->shape[1], d = c->d, dv = c->dv;
     MHA_CHECK(q->shape[0] == B && q->shape[2] == 1 && q->shape[3] == d, MHA_ERR_SHAPE,
               "q: shape %s, want (%lld,Hq,1,%lld)", mha_shape_str(q, s1, sizeof s1), (long long)B,
@@ -389,89 +476,39 @@ mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q, const mha_
                   opt->rope == MHA_ROPE_INTERLEAVED,
               MHA_ERR_VALUE, "rope: unknown mode %d", (int)opt->rope);
 
-    /* q contiguous (B,Hq,d), rotated at position pos - 1 */
+    /* q contiguous (B,Hq,d) float32, rotated at position pos - 1; a half out
+     * is computed as float32 in buf (oc) and rounded once at the end */
     const int64_t G = Hq / c->Hkv;
     const int64_t nsplit = (len + SPLIT_KEYS - 1) / SPLIT_KEYS;
     const int nthreads = mha_threads();
     const size_t qn = (size_t)(B * Hq * d), pn = (size_t)(B * c->Hkv * nsplit * G * (dv + 2));
+    const size_t on = out->dtype == MHA_F32 ? 0 : (size_t)(B * Hq * dv);
     const size_t sn = (size_t)(G * (SPLIT_KEYS + dv)) * (size_t)nthreads;
-    float *buf = mha_malloc(sizeof(float) * (qn + pn + sn));
-    MHA_CHECK(buf, MHA_ERR_NOMEM, "decode: cannot allocate %zu floats", qn + pn + sn);
-    mha_tensor qc;
+    const size_t wo = (qn + on + pn + sn + 1) & ~(size_t)1; /* the doubles, 8-byte aligned */
+    float *buf = mha_malloc(sizeof(float) * (wo + 2 * (size_t)nsplit));
+    MHA_CHECK(buf, MHA_ERR_NOMEM, "decode: cannot allocate %zu floats", wo + 2 * (size_t)nsplit);
+    mha_tensor qc, oc = *out;
     mha_tensor_init(&qc, MHA_F32, buf, 4, (int64_t[]){B, Hq, 1, d});
+    if (on)
+        mha_tensor_init(&oc, MHA_F32, buf + qn, 4, (int64_t[]){B, Hq, 1, dv});
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < Hq; h++)
             for (int64_t x = 0; x < d; x++)
-                buf[(b * Hq + h) * d + x] =
-                    ((const float *)q->data)[b * q->stride[0] + h * q->stride[1] + x * q->stride[3]];
+                buf[(b * Hq + h) * d + x] = mha_load_f(
+                    q->data, q->dtype, b * q->stride[0] + h * q->stride[1] + x * q->stride[3]);
     mha_status st = MHA_OK;
     if (opt->rope != MHA_ROPE_NONE)
         st = mha_rope_apply(&qc, c->pos - 1, NULL, opt->rope_base, opt->rope);
     mha_kernel kr = mha_kernel_resolve(opt->kernel);
-    if (st == MHA_OK && (kr == MHA_KERNEL_REF || p.softmax_f64 || len == 0)) {
-        st = decode_ref(out, &qc, c, &o, len);
-        mha_free(buf);
-        return st;
-    }
-    if (st != MHA_OK) {
-        mha_free(buf);
-        return st;
-    }
-    /* q pre-scaled: q*scale, or (q*sqrt(scale))*sqrt(scale) for the ONNX
-     * convention (k is not rescaled: the last bits may differ from the
-     * forward, well inside the tests' 1e-5) */
-    for (size_t x = 0; x < qn; x++)
-        buf[x] = p.onnx_scale ? (buf[x] * p.qk_scale) * p.qk_scale : buf[x] * p.scale;
-    const mha_decode_isa *isa = &mha_decode_isa_scalar;
-    if (kr == MHA_KERNEL_AVX2 && mha_decode_isa_avx2.qk && mha_attn_best_kernel() == MHA_KERNEL_AVX2)
-        isa = &mha_decode_isa_avx2;
-    MHA_CHECK(kr != MHA_KERNEL_AVX2 || isa == &mha_decode_isa_avx2,
-              (mha_free(buf), MHA_ERR_UNSUPPORTED), "kernel: avx2 is not available here");
-    decode_args a = {c, isa, buf, Hq, G, len, nsplit, p.softcap, &p.alibi, buf + qn};
-    const int64_t tasks = B * c->Hkv * nsplit;
-    float *scratch = buf + qn + pn;
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t t = 0; t < tasks; t++) {
-        const int tid = mha_thread_index();
-        int64_t sp = t % nsplit, hk = (t / nsplit) % c->Hkv, b = t / (nsplit * c->Hkv);
-        decode_split(&a, b, hk, sp, scratch + (size_t)tid * (size_t)(G * (SPLIT_KEYS + dv)));
-    }
-    /* merge the splits in order (double), with the sink as one more term */
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < Hq; h++) {
-            const int64_t hk = h / G, g = h % G;
-            const float *pb = a.part + ((b * c->Hkv + hk) * nsplit * G + g) * (dv + 2);
-            const int64_t ps = G * (dv + 2); /* stride between splits */
-            double m = p.sinks.data ? ((const float *)p.sinks.data)[h * p.sinks.stride[0]]
-                                    : -INFINITY;
-            bool nan = false;
-            for (int64_t sp = 0; sp < nsplit; sp++) {
-                double x = pb[sp * ps + dv];
-                if (isnan(x))
-                    nan = true;
-                else if (x > m)
-                    m = x;
-            }
-            if (nan)
-                m = NAN;
-            double l = p.sinks.data
-                           ? exp((double)((const float *)p.sinks.data)[h * p.sinks.stride[0]] - m)
-                           : 0.0;
-            for (int64_t sp = 0; sp < nsplit; sp++)
-                l += pb[sp * ps + dv + 1] * exp(pb[sp * ps + dv] - m);
-            float *orow = (float *)out->data + b * out->stride[0] + h * out->stride[1];
-            for (int64_t x = 0; x < dv; x++) {
-                double acc = 0.0;
-                for (int64_t sp = 0; sp < nsplit; sp++)
-                    acc += pb[sp * ps + x] * exp(pb[sp * ps + dv] - m);
-                orow[x * out->stride[3]] = (float)(acc / l);
-            }
-            if (p.lse.data)
-                ((float *)p.lse.data)[b * p.lse.stride[0] + h * p.lse.stride[1]] =
-                    (float)(m + log(l));
-        }
+    if (st == MHA_OK && (kr == MHA_KERNEL_REF || p.softmax_f64 || len == 0))
+        st = decode_ref(&oc, &qc, c, &o, len);
+    else if (st == MHA_OK)
+        st = decode_splits(&oc, buf, c, &p, kr, len, nsplit, buf + qn + on, (double *)(buf + wo),
+                           nthreads);
+    if (st == MHA_OK && on)
+        st = mha_tensor_convert(out, &oc);
     mha_free(buf);
-    return MHA_OK;
+    return st;
 }
 
 mha_dtype mha_kv_cache_dtype(const mha_kv_cache *cache) { return cache ? cache->dtype : MHA_F32; }

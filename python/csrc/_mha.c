@@ -586,18 +586,20 @@ static mha_kv_cache *kv_cache_of(PyObject *o) {
     return PyCapsule_GetPointer(o, KV_CAPSULE); /* sets TypeError-ish on a wrong object */
 }
 
-/* kv_cache_create(B, Hkv, capacity, d, dv, window) -> capsule */
+/* kv_cache_create(B, Hkv, capacity, d, dv, window, dtype (mha_dtype code))
+ * -> capsule */
 static PyObject *py_kv_cache_create(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
-    if (!check_nargs(nargs, 6, "kv_cache_create"))
+    if (!check_nargs(nargs, 7, "kv_cache_create"))
         return NULL;
     int ok = 1;
-    int64_t v[6];
-    for (int i = 0; i < 6; i++)
+    int64_t v[7];
+    for (int i = 0; i < 7; i++)
         v[i] = as_i64(a[i], &ok);
     if (!ok)
         return NULL;
     mha_kv_cache *c = NULL;
-    mha_status st = mha_kv_cache_create(&c, MHA_F32, v[0], v[1], v[2], v[3], v[4], v[5]);
+    mha_status st =
+        mha_kv_cache_create(&c, (mha_dtype)v[6], v[0], v[1], v[2], v[3], v[4], v[5]);
     if (st != MHA_OK)
         return raise_status(st);
     PyObject *cap = PyCapsule_New(c, KV_CAPSULE, kv_cache_destroy);

@@ -226,13 +226,24 @@ class KVCache:
     up to `capacity` keys (B,Hkv,capacity,d) and values (B,Hkv,capacity,dv),
     allocated once.  window in 1..capacity keeps the last `window` keys
     (sliding-window attention) and never fills; window=0 keeps every key and
-    an append past capacity raises ValueError.  Safe to share between
+    an append past capacity raises ValueError.  dtype is the storage of
+    keys and values: "float32", or "bfloat16" / "float16" for half the memory
+    (append rounds to nearest even; decode reads the half values, computes in
+    float32 and rounds P to dtype before P.V).  Safe to share between
     threads (calls on one cache are serialised)."""
 
-    def __init__(self, batch, kv_heads, capacity, head_dim, value_dim=None, window=0):
+    _DTYPES = {"float32": 0, "float16": 2, "bfloat16": 4}
+
+    def __init__(self, batch, kv_heads, capacity, head_dim, value_dim=None, window=0,
+                 dtype="float32"):
         dv = head_dim if value_dim is None else value_dim
+        name = str(dtype).replace("torch.", "")
+        if name not in self._DTYPES:
+            raise ValueError(f"dtype: {dtype!r}, want 'float32', 'bfloat16' or 'float16'")
         self._cache = _mha.kv_cache_create(int(batch), int(kv_heads), int(capacity),
-                                           int(head_dim), int(dv), int(window))
+                                           int(head_dim), int(dv), int(window),
+                                           self._DTYPES[name])
+        self.dtype = name
         self.batch, self.kv_heads, self.capacity = int(batch), int(kv_heads), int(capacity)
         self.head_dim, self.value_dim, self.window = int(head_dim), int(dv), int(window)
         self._lock = threading.Lock()

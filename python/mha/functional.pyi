@@ -53,8 +53,10 @@ class KVCache:
     head_dim: int
     value_dim: int
     window: int
+    dtype: str
     def __init__(self, batch: int, kv_heads: int, capacity: int, head_dim: int,
-                 value_dim: Optional[int] = ..., window: int = ...) -> None: ...
+                 value_dim: Optional[int] = ..., window: int = ...,
+                 dtype: Any = ...) -> None: ...
     def append(self, key: Array, value: Array) -> None:
         """key (B,Hkv,n,d), value (B,Hkv,n,dv)."""
     def reset(self) -> None: ...

@@ -3,18 +3,32 @@
  *
  * Letter legend: G query heads sharing one kv head, n keys in the block,
  * d head dim of q/k, dv head dim of v.  Rows are contiguous (the cache's
- * layout).  Reference: the loops of attention_decode.c; the whole step is
- * checked against mha_attn_fwd_f32_ref (tests/unit/test_modern.c). */
+ * layout); k and v are in the cache's storage dtype dt (MHA_F32, MHA_F16 or
+ * MHA_BF16), read directly and widened to float32 in registers; q, p, s and
+ * acc are float32.  Reference: the loops of attention_decode.c; the whole
+ * step is checked against mha_attn_fwd_f32_ref (tests/unit/test_decode.c,
+ * tests/unit/test_decode_half.c). */
 #ifndef MHA_ATTENTION_DECODE_H
 #define MHA_ATTENTION_DECODE_H
 
 #include "../internal.h"
 
+/* C: keys per split of the decode step (kv_cache.c).  Fixed, not derived
+ * from the thread count, so results are bit-identical for any thread count;
+ * with a half cache P is rounded relative to each split's own maximum. */
+enum { MHA_DECODE_SPLIT_KEYS = 256 };
+
 typedef struct mha_decode_isa {
     /* s (G,n) = q (G,d) . k (n,d)^T: each key row read once for the G heads */
-    void (*qk)(float *s, const float *q, const float *k, int64_t n, int64_t G, int64_t d);
+    void (*qk)(float *s, const float *q, const void *k, mha_dtype dt, int64_t n, int64_t G,
+               int64_t d);
     /* acc (G,dv) += p (G,n) v (n,dv): each value row read once */
-    void (*pv)(float *acc, const float *p, const float *v, int64_t n, int64_t G, int64_t dv);
+    void (*pv)(float *acc, const float *p, const void *v, mha_dtype dt, int64_t n, int64_t G,
+               int64_t dv);
+    /* s (n) = exp(s - m) in place; returns their sum */
+    float (*exp_sum)(float *s, int64_t n, float m);
+    /* p (n) rounded in place to dt and back (mha_round_to), dt a half type */
+    void (*round_p)(float *p, int64_t n, mha_dtype dt);
 } mha_decode_isa;
 
 extern const mha_decode_isa mha_decode_isa_scalar;

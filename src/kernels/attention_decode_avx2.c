@@ -1,76 +1,255 @@
-/* attention_decode_avx2.c - AVX2+FMA inner loops of the decode step (see
- * attention_decode.h; portable twins in attention_decode.c).
- * Letter legend: G heads per kv head, n keys, d, dv. */
+/* attention_decode_avx2.c - AVX2+FMA(+F16C) inner loops of the decode step
+ * (see attention_decode.h; portable twins in attention_decode.c).
+ * Letter legend: G heads per kv head, n keys, d, dv.
+ *
+ * K/V rows are read in their storage dtype and widened in registers: fp16
+ * by F16C (vcvtph2ps), bf16 by zero-extending 16 -> 32 bits and shifting
+ * left 16 (bf16 is the top half of a float), fp32 as is.  Each loop body is
+ * written once and specialised per dtype by inlining. */
 #include "attention_decode.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "convert.h"
+#include "simd_avx2.h"
+
 #include <immintrin.h>
 
-static float hsum(__m256 x) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+/* Elements [off, off + 8) of a row of dtype dt, as float32. */
+static inline __attribute__((always_inline)) __m256 load8(const void *p, mha_dtype dt,
+                                                          int64_t off) {
+    switch (dt) {
+    case MHA_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + off)));
+    case MHA_BF16:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + off))),
+            16));
+    default: return _mm256_loadu_ps((const float *)p + off);
+    }
 }
 
-/* Heads in blocks of up to 4: each 8-float chunk of a key row is loaded once
- * and feeds 4 independent FMA chains. */
-static void qk_avx2(float *s, const float *q, const float *k, int64_t n, int64_t G, int64_t d) {
+/* r[i] = the sum of the 8 lanes of a[i], i < 8. */
+static inline __m256 hsum8(const __m256 *a) {
+    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3); /* lo | hi halves */
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* s[g*n + j+b] = q[g] . k[j+b] for GN heads and KB keys (GN*KB <= 8
+ * independent FMA chains, enough to cover the FMA latency): each 8-element
+ * chunk of a key row is loaded (and widened) once for the GN heads. */
+static inline __attribute__((always_inline)) void qk_tile(float *s, const float *q, const void *k,
+                                                          mha_dtype dt, int64_t n, int64_t d,
+                                                          int64_t j, const int GN, const int KB) {
     const int64_t d8 = d & ~(int64_t)7;
+    __m256 a[8], kv[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm256_setzero_ps();
+    for (int64_t x = 0; x < d8; x += 8) {
+#pragma GCC unroll 8
+        for (int b = 0; b < KB; b++)
+            kv[b] = load8(k, dt, (j + b) * d + x);
+#pragma GCC unroll 8
+        for (int g = 0; g < GN; g++) {
+            const __m256 qv = _mm256_loadu_ps(q + g * d + x);
+#pragma GCC unroll 8
+            for (int b = 0; b < KB; b++)
+                a[g * KB + b] = _mm256_fmadd_ps(qv, kv[b], a[g * KB + b]);
+        }
+    }
+    float r[8];
+    _mm256_storeu_ps(r, hsum8(a));
+    for (int g = 0; g < GN; g++)
+        for (int b = 0; b < KB; b++) {
+            float dot = r[g * KB + b];
+            for (int64_t x = d8; x < d; x++)
+                dot += q[g * d + x] * mha_load_f(k, dt, (j + b) * d + x);
+            s[g * n + j + b] = dot;
+        }
+}
+
+/* All n keys for GN heads: KB keys a tile, then one at a time.  (Software
+ * prefetching rows ahead, here and in P.V, measured no different: dropped.) */
+static inline __attribute__((always_inline)) void qk_heads(float *s, const float *q, const void *k,
+                                                           mha_dtype dt, int64_t n, int64_t d,
+                                                           const int GN, const int KB) {
+    int64_t j = 0;
+    for (; j + KB <= n; j += KB)
+        qk_tile(s, q, k, dt, n, d, j, GN, KB);
+    for (; j < n; j++)
+        qk_tile(s, q, k, dt, n, d, j, GN, 1);
+}
+
+/* Heads in blocks of up to 4, keys in tiles so that 8 chains run. */
+static inline __attribute__((always_inline)) void qk_avx2_dt(float *s, const float *q,
+                                                             const void *k, mha_dtype dt,
+                                                             int64_t n, int64_t G, int64_t d) {
     for (int64_t g0 = 0; g0 < G; g0 += 4) {
-        const int64_t gn = G - g0 < 4 ? G - g0 : 4;
-        const float *q0 = q + g0 * d;
-        const float *q1 = q + (g0 + (gn > 1 ? 1 : 0)) * d;
-        const float *q2 = q + (g0 + (gn > 2 ? 2 : 0)) * d;
-        const float *q3 = q + (g0 + (gn > 3 ? 3 : 0)) * d;
-        for (int64_t j = 0; j < n; j++) {
-            const float *kr = k + j * d;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int64_t x = 0; x < d8; x += 8) {
-                const __m256 kv = _mm256_loadu_ps(kr + x);
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + x), kv, a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + x), kv, a1);
-                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + x), kv, a2);
-                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + x), kv, a3);
-            }
-            float r[4] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
-            const float *qs[4] = {q0, q1, q2, q3};
-            for (int64_t g = 0; g < gn; g++) {
-                for (int64_t x = d8; x < d; x++)
-                    r[g] += qs[g][x] * kr[x];
-                s[(g0 + g) * n + j] = r[g];
-            }
+        float *sg = s + g0 * n;
+        const float *qg = q + g0 * d;
+        switch (G - g0 < 4 ? G - g0 : 4) {
+        case 1: qk_heads(sg, qg, k, dt, n, d, 1, 8); break;
+        case 2: qk_heads(sg, qg, k, dt, n, d, 2, 4); break;
+        case 3: qk_heads(sg, qg, k, dt, n, d, 3, 2); break;
+        default: qk_heads(sg, qg, k, dt, n, d, 4, 2); break;
         }
     }
 }
 
-/* Columns in chunks of 8 outside, keys inside: the accumulators of up to 8
- * heads stay in registers while the block's V column chunk streams by. */
-static void pv_avx2(float *acc, const float *p, const float *v, int64_t n, int64_t G,
-                    int64_t dv) {
-    const int64_t d8 = dv & ~(int64_t)7;
+static void qk_avx2(float *s, const float *q, const void *k, mha_dtype dt, int64_t n, int64_t G,
+                    int64_t d) {
+    switch (dt) {
+    case MHA_F16: qk_avx2_dt(s, q, k, MHA_F16, n, G, d); break;
+    case MHA_BF16: qk_avx2_dt(s, q, k, MHA_BF16, n, G, d); break;
+    default: qk_avx2_dt(s, q, k, MHA_F32, n, G, d); break;
+    }
+}
+
+/* acc (GN, 8*CB columns from x) += p (GN, nb of a row of n) v (nb, those
+ * columns): the GN*CB accumulators stay in registers while the V columns
+ * stream by; each V chunk is loaded (and widened) once for the GN heads. */
+static inline __attribute__((always_inline)) void pv_tile(float *acc, const float *p,
+                                                          const void *v, mha_dtype dt, int64_t n,
+                                                          int64_t nb, int64_t dv, int64_t x,
+                                                          const int GN, const int CB) {
+    __m256 a[8], vv[4];
+#pragma GCC unroll 8
+    for (int g = 0; g < GN; g++)
+#pragma GCC unroll 4
+        for (int c = 0; c < CB; c++)
+            a[g * CB + c] = _mm256_loadu_ps(acc + g * dv + x + 8 * c);
+    for (int64_t j = 0; j < nb; j++) {
+#pragma GCC unroll 4
+        for (int c = 0; c < CB; c++)
+            vv[c] = load8(v, dt, j * dv + x + 8 * c);
+#pragma GCC unroll 8
+        for (int g = 0; g < GN; g++) {
+            const __m256 pb = _mm256_broadcast_ss(p + g * n + j);
+#pragma GCC unroll 4
+            for (int c = 0; c < CB; c++)
+                a[g * CB + c] = _mm256_fmadd_ps(pb, vv[c], a[g * CB + c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < GN; g++)
+#pragma GCC unroll 4
+        for (int c = 0; c < CB; c++)
+            _mm256_storeu_ps(acc + g * dv + x + 8 * c, a[g * CB + c]);
+}
+
+/* All dv columns for GN heads, keys in blocks of PV_KEYS: within a block,
+ * CB chunks a tile, then single chunks, then the scalar tail, so the block's
+ * rows (contiguous) are read front to back while the accumulators of each
+ * tile stay in registers (their loads and stores are once per block). */
+enum { PV_KEYS = 16 };
+static inline __attribute__((always_inline)) void pv_heads(float *acc, const float *p,
+                                                           const void *v, mha_dtype dt, int64_t n,
+                                                           int64_t dv, const int GN, const int CB) {
+    const size_t es = dt == MHA_F32 ? 4 : 2;
+    for (int64_t j0 = 0; j0 < n; j0 += PV_KEYS) {
+        const int64_t nb = n - j0 < PV_KEYS ? n - j0 : PV_KEYS;
+        const void *vb = (const char *)v + (size_t)(j0 * dv) * es;
+        const float *pb = p + j0;
+        int64_t x = 0;
+        for (; x + 8 * CB <= dv; x += 8 * CB)
+            pv_tile(acc, pb, vb, dt, n, nb, dv, x, GN, CB);
+        for (; x + 8 <= dv; x += 8)
+            pv_tile(acc, pb, vb, dt, n, nb, dv, x, GN, 1);
+        for (; x < dv; x++)
+            for (int64_t j = 0; j < nb; j++)
+                for (int g = 0; g < GN; g++)
+                    acc[g * dv + x] += pb[g * n + j] * mha_load_f(vb, dt, j * dv + x);
+    }
+}
+
+/* Heads in blocks of up to 8, columns in tiles so that 6-8 chains run. */
+static inline __attribute__((always_inline)) void pv_avx2_dt(float *acc, const float *p,
+                                                             const void *v, mha_dtype dt,
+                                                             int64_t n, int64_t G, int64_t dv) {
     for (int64_t g0 = 0; g0 < G; g0 += 8) {
-        const int64_t gn = G - g0 < 8 ? G - g0 : 8;
-        for (int64_t x = 0; x < d8; x += 8) {
-            __m256 a[8];
-            for (int64_t g = 0; g < gn; g++)
-                a[g] = _mm256_loadu_ps(acc + (g0 + g) * dv + x);
-            for (int64_t j = 0; j < n; j++) {
-                const __m256 vv = _mm256_loadu_ps(v + j * dv + x);
-                for (int64_t g = 0; g < gn; g++)
-                    a[g] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + (g0 + g) * n + j), vv, a[g]);
-            }
-            for (int64_t g = 0; g < gn; g++)
-                _mm256_storeu_ps(acc + (g0 + g) * dv + x, a[g]);
+        float *ag = acc + g0 * dv;
+        const float *pg = p + g0 * n;
+        switch (G - g0 < 8 ? G - g0 : 8) {
+        case 1: pv_heads(ag, pg, v, dt, n, dv, 1, 4); break;
+        case 2: pv_heads(ag, pg, v, dt, n, dv, 2, 4); break;
+        case 3: pv_heads(ag, pg, v, dt, n, dv, 3, 2); break;
+        case 4: pv_heads(ag, pg, v, dt, n, dv, 4, 2); break;
+        case 5: pv_heads(ag, pg, v, dt, n, dv, 5, 1); break;
+        case 6: pv_heads(ag, pg, v, dt, n, dv, 6, 1); break;
+        case 7: pv_heads(ag, pg, v, dt, n, dv, 7, 1); break;
+        default: pv_heads(ag, pg, v, dt, n, dv, 8, 1); break;
         }
-        for (int64_t x = d8; x < dv; x++)
-            for (int64_t j = 0; j < n; j++)
-                for (int64_t g = 0; g < gn; g++)
-                    acc[(g0 + g) * dv + x] += p[(g0 + g) * n + j] * v[j * dv + x];
     }
 }
 
-const mha_decode_isa mha_decode_isa_avx2 = {qk_avx2, pv_avx2};
+static void pv_avx2(float *acc, const float *p, const void *v, mha_dtype dt, int64_t n,
+                    int64_t G, int64_t dv) {
+    switch (dt) {
+    case MHA_F16: pv_avx2_dt(acc, p, v, MHA_F16, n, G, dv); break;
+    case MHA_BF16: pv_avx2_dt(acc, p, v, MHA_BF16, n, G, dv); break;
+    default: pv_avx2_dt(acc, p, v, MHA_F32, n, G, dv); break;
+    }
+}
+
+/* s = exp(s - m) 8 at a time by exp256 (1-2 ulp; the tail padded with
+ * -inf, whose exp is 0); the sum in 8 lanes, then across them. */
+static float exp_sum_avx2(float *s, int64_t n, float m) {
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 l = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+        _mm256_storeu_ps(s + j, e);
+        l = _mm256_add_ps(l, e);
+    }
+    if (j < n) {
+        float t[8];
+        for (int i = 0; i < 8; i++)
+            t[i] = j + i < n ? s[j + i] : -INFINITY;
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(t), mv));
+        _mm256_storeu_ps(t, e);
+        l = _mm256_add_ps(l, e);
+        for (int64_t i = 0; j + i < n; i++)
+            s[j + i] = t[i];
+    }
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(l), _mm256_extractf128_ps(l, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* p rounded to dt and back, 8 at a time, as mha_round_to does: fp16 by a
+ * vcvtps2ph/vcvtph2ps round trip (round to nearest even, subnormals kept);
+ * bf16 by adding 0x7fff + the lowest kept bit and clearing the low half,
+ * NaN kept quiet with its top payload (0x00400000 set). */
+static void round_p_avx2(float *p, int64_t n, mha_dtype dt) {
+    int64_t j = 0;
+    if (dt == MHA_F16)
+        for (; j + 8 <= n; j += 8)
+            _mm256_storeu_ps(p + j, _mm256_cvtph_ps(_mm256_cvtps_ph(
+                                        _mm256_loadu_ps(p + j), _MM_FROUND_TO_NEAREST_INT)));
+    else if (dt == MHA_BF16)
+        for (; j + 8 <= n; j += 8) {
+            const __m256 x = _mm256_loadu_ps(p + j);
+            const __m256i b = _mm256_castps_si256(x);
+            const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+            __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+            const __m256i top = _mm256_set1_epi32((int)0xffff0000u);
+            r = _mm256_and_si256(r, top);
+            const __m256i qnan =
+                _mm256_or_si256(_mm256_and_si256(b, top), _mm256_set1_epi32(0x00400000));
+            const __m256 isnan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+            _mm256_storeu_ps(p + j, _mm256_blendv_ps(_mm256_castsi256_ps(r),
+                                                     _mm256_castsi256_ps(qnan), isnan));
+        }
+    for (; j < n; j++)
+        p[j] = mha_round_to(dt, p[j]);
+}
+
+const mha_decode_isa mha_decode_isa_avx2 = {qk_avx2, pv_avx2, exp_sum_avx2, round_p_avx2};
 #else
-const mha_decode_isa mha_decode_isa_avx2 = {0, 0};
+const mha_decode_isa mha_decode_isa_avx2 = {0, 0, 0, 0};
 #endif

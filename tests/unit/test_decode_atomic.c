@@ -78,7 +78,7 @@ static mha_status step(decoder_case *d, mha_decoder_cache *c, int t, float *y,
 
 /* A copy of every layer's cache storage and position. */
 typedef struct {
-    float *k[NL], *v[NL];
+    void *k[NL], *v[NL]; /* bytes of the storage */
     size_t nk[NL], nv[NL];
     int64_t pos[NL];
 } cache_snapshot;
@@ -86,12 +86,12 @@ typedef struct {
 static void snap(const mha_decoder_cache *c, cache_snapshot *s) {
     for (int l = 0; l < NL; l++) {
         const mha_kv_cache *kv = mha_decoder_cache_layer(c, l);
-        const float *k, *v;
+        const void *k, *v;
         mha_kv_cache_storage(kv, &k, &s->nk[l], &v, &s->nv[l]);
-        s->k[l] = malloc(sizeof(float) * s->nk[l]);
-        s->v[l] = malloc(sizeof(float) * s->nv[l]);
-        memcpy(s->k[l], k, sizeof(float) * s->nk[l]);
-        memcpy(s->v[l], v, sizeof(float) * s->nv[l]);
+        s->k[l] = malloc(s->nk[l]);
+        s->v[l] = malloc(s->nv[l]);
+        memcpy(s->k[l], k, s->nk[l]);
+        memcpy(s->v[l], v, s->nv[l]);
         s->pos[l] = mha_kv_cache_position(kv);
     }
 }
@@ -100,11 +100,11 @@ static bool snap_same(const mha_decoder_cache *c, const cache_snapshot *s) {
     bool same = true;
     for (int l = 0; l < NL; l++) {
         const mha_kv_cache *kv = mha_decoder_cache_layer(c, l);
-        const float *k, *v;
+        const void *k, *v;
         size_t nk, nv;
         mha_kv_cache_storage(kv, &k, &nk, &v, &nv);
         same = same && nk == s->nk[l] && nv == s->nv[l] && mha_kv_cache_position(kv) == s->pos[l] &&
-               !memcmp(k, s->k[l], sizeof(float) * nk) && !memcmp(v, s->v[l], sizeof(float) * nv);
+               !memcmp(k, s->k[l], nk) && !memcmp(v, s->v[l], nv);
     }
     return same;
 }
@@ -204,15 +204,15 @@ TEST(decode_kv_cache_append_failure_leaves_cache_identical) {
     mha_tensor_init(&V, MHA_F32, v, 4, (int64_t[]){1, 2, 2, 4});
     mha_tensor_init(&Vbad, MHA_F32, v, 4, (int64_t[]){1, 2, 1, 4});
     REQUIRE_OK(mha_kv_cache_append(c, &K, &V));
-    const float *ck, *cv;
+    const void *ck, *cv;
     size_t nk, nv;
     mha_kv_cache_storage(c, &ck, &nk, &cv, &nv);
-    float *sk = malloc(sizeof(float) * nk), *sv = malloc(sizeof(float) * nv);
-    memcpy(sk, ck, sizeof(float) * nk), memcpy(sv, cv, sizeof(float) * nv);
+    void *sk = malloc(nk), *sv = malloc(nv);
+    memcpy(sk, ck, nk), memcpy(sv, cv, nv);
     CHECK_STATUS(mha_kv_cache_append(c, &K, &Vbad), MHA_ERR_SHAPE); /* v's length differs */
     CHECK_STATUS(mha_kv_cache_append(c, &K, &V), MHA_ERR_VALUE);    /* 2 + 2 > capacity 3 */
     CHECK(mha_kv_cache_position(c) == 2);
-    CHECK(!memcmp(ck, sk, sizeof(float) * nk) && !memcmp(cv, sv, sizeof(float) * nv));
+    CHECK(!memcmp(ck, sk, nk) && !memcmp(cv, sv, nv));
     free(sk), free(sv);
     mha_kv_cache_free(c);
 }

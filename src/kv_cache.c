@@ -335,26 +335,27 @@ static void decode_split(const decode_args *a, int64_t b, int64_t hk, int64_t sp
             part[g * (dv + 2) + x] = acc[g * dv + x];
 }
 
-/* The reference decode: the cache in position order, converted to float32
- * (exact: every half value is a float), through the reference kernel
- * (float64); out (B,Hq,1,dv) float32. */
+/* The reference decode: the cache in position order, in its storage
+ * dtype, through the reference kernel (float64 sums; for a half cache P
+ * rounded to the dtype before P.V, relative to the row's max where the
+ * split path takes each split's); out (B,Hq,1,dv) float32. */
 static mha_status decode_ref(mha_tensor *out, const mha_tensor *q, const mha_kv_cache *c,
                              const mha_sdpa_options *opt, int64_t len) {
     int64_t nk = c->B * c->Hkv * len * c->d, nv = c->B * c->Hkv * len * c->dv;
-    float *buf = mha_malloc(sizeof(float) * (size_t)(nk + nv > 0 ? nk + nv : 1));
-    MHA_CHECK(buf, MHA_ERR_NOMEM, "decode: cannot allocate %lld floats", (long long)(nk + nv));
+    uint8_t *buf = mha_malloc(c->es * (size_t)(nk + nv > 0 ? nk + nv : 1));
+    MHA_CHECK(buf, MHA_ERR_NOMEM, "decode: cannot allocate %lld elements", (long long)(nk + nv));
+    uint8_t *vbuf = buf + c->es * (size_t)nk;
     for (int64_t bh = 0; bh < c->B * c->Hkv; bh++)
         for (int64_t s = 0; s < len; s++) {
             int64_t j = slot_position(c, s, len) - (c->pos - len);
-            const void *kr = k_row(c, bh, s), *vr = v_row(c, bh, s);
-            for (int64_t x = 0; x < c->d; x++)
-                buf[(bh * len + j) * c->d + x] = mha_load_f(kr, c->dtype, x);
-            for (int64_t x = 0; x < c->dv; x++)
-                buf[nk + (bh * len + j) * c->dv + x] = mha_load_f(vr, c->dtype, x);
+            memcpy(buf + c->es * (size_t)((bh * len + j) * c->d), k_row(c, bh, s),
+                   c->es * (size_t)c->d);
+            memcpy(vbuf + c->es * (size_t)((bh * len + j) * c->dv), v_row(c, bh, s),
+                   c->es * (size_t)c->dv);
         }
     mha_tensor K, V;
-    mha_tensor_init(&K, MHA_F32, buf, 4, (int64_t[]){c->B, c->Hkv, len, c->d});
-    mha_tensor_init(&V, MHA_F32, buf + nk, 4, (int64_t[]){c->B, c->Hkv, len, c->dv});
+    mha_tensor_init(&K, c->dtype, buf, 4, (int64_t[]){c->B, c->Hkv, len, c->d});
+    mha_tensor_init(&V, c->dtype, vbuf, 4, (int64_t[]){c->B, c->Hkv, len, c->dv});
     mha_sdpa_options o = *opt;
     o.kernel = MHA_KERNEL_REF;
     o.rope = MHA_ROPE_NONE; /* q is already rotated by the caller */

@@ -176,11 +176,13 @@ static void check_dtype(mha_dtype dt, double tol) {
         REQUIRE_OK(decode_with(o32, l32, c, q, kv32, MHA_KERNEL_SCALAR, 1));
         const double e32 = norm_err(o32, ref_raw, no);
         worst_fp32 = e32 > worst_fp32 ? e32 : worst_fp32;
-        /* the reference kernel: the half values in float64, P unrounded */
+        /* the reference kernel: the half values in float64, P rounded to
+         * the dtype relative to the row's max (the oracle rounds per split:
+         * the two round slightly different numbers); the LSE is unaffected */
         REQUIRE_OK(decode_with(o1, l1, c, q, kv, MHA_KERNEL_REF, 1));
-        const double er = norm_err(o1, ref_raw, no);
+        const double er = norm_err(o1, ref, no);
         worst_ref = er > worst_ref ? er : worst_ref;
-        CHECK(er < 1e-5 && test_max_diff(l1, lraw, nl) < 1e-5);
+        CHECK(er <= tol && test_max_diff(l1, lraw, nl) < 1e-5);
         const mha_kernel kernels[2] = {MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
         for (int ki = 0; ki < 2; ki++) {
             if (!test_kernel_runs(kernels[ki]))
@@ -211,7 +213,7 @@ static void check_dtype(mha_dtype dt, double tol) {
     for (int ki = 0; ki < 2; ki++)
         CHECK(sum_err[ki] <= 0.1 * sum_raw[ki]);
     printf("  decode %s cache: err vs float64 ref (P rounded) scalar %.2g, avx2 %.2g (tol %.0e; "
-           "vs P unrounded %.2g, %.2g); ref kernel vs float64 (P unrounded) %.2g; fp32-cache decode vs the "
+           "vs P unrounded %.2g, %.2g); ref kernel vs float64 (P rounded per split) %.2g; fp32-cache decode vs the "
            "half-value oracle (the half cache's price) %.2g\n",
            name, worst[0], worst[1], tol, sum_raw[0] / (sizeof CASES / sizeof *CASES),
            sum_raw[1] / (sizeof CASES / sizeof *CASES), worst_ref, worst_fp32);

@@ -1,13 +1,7 @@
 #!/bin/sh
 # test_cli_decode.sh - `mha bench --decode`: op "decode" lines with gbps,
 # validated against the reference decode (exit 0), and its argument errors.
-B=${MHA_BUILD:-build}
-MHA=$PWD/$B/mha
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass + 1)); }
-ko() { fail=$((fail + 1)); echo "FAIL $*"; }
+. tests/cli/lib/common.sh
 for k in auto scalar ref; do
     if "$MHA" bench --decode --kv-seq 300,600 --heads 6 --kv-heads 2 --head-dim 24 --reps 1 \
         --kernel $k --json >"$T/out" 2>"$T/err" &&

@@ -2,13 +2,7 @@
 # test_cli_decode_half.sh - `mha bench --decode --dtype bf16|f16|f32`: the
 # JSON line names the cache's dtype and the read bandwidth, each kernel is
 # validated against the reference decode (exit 0); a bad --dtype is refused.
-B=${MHA_BUILD:-build}
-MHA=$PWD/$B/mha
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass + 1)); }
-ko() { fail=$((fail + 1)); echo "FAIL $*"; }
+. tests/cli/lib/common.sh
 for dt in bf16 f16 f32; do
     for k in auto scalar ref; do
         if "$MHA" bench --decode --kv-seq 300,600 --heads 6 --kv-heads 2 --head-dim 24 --reps 1 \

@@ -453,8 +453,8 @@ MHA_API int64_t mha_kv_cache_length(const mha_kv_cache *cache);
  * Long caches are split across threads (per-split max, sum and
  * accumulator, merged by log-sum-exp); bit-identical for any thread count.
  * q and out: F32, F16 or BF16 (out rounded once from the float32 result);
- * lse float32.  Kernel REF reads a half cache's values exactly and keeps
- * P unrounded (float64). */
+ * lse float32.  Kernel REF reads a half cache's values exactly and rounds
+ * P as mha_sdpa_forward's reference does (relative to the row's max). */
 MHA_API mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q,
                                         const mha_kv_cache *cache, const mha_sdpa_options *opt);
 

@@ -26,8 +26,8 @@
  * the split loops read the half rows directly (never a whole-cache
  * conversion), round P to the storage dtype before P.V (as FlashAttention
  * does; l sums the unrounded P) and accumulate in float32.  The reference
- * path converts the cache's values (exactly) to float32 and keeps P in
- * float64, unrounded: it is the oracle the rounding is measured against.
+ * path hands the cache's half values to the reference kernel, which rounds
+ * P the same way relative to the row's max (float64 sums).
  */
 #include "internal.h"
 #include "kernels/attention_decode.h"

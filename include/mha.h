@@ -82,9 +82,9 @@ extern "C" {
 #endif
 
 #define MHA_VERSION_MAJOR 0
-#define MHA_VERSION_MINOR 2
+#define MHA_VERSION_MINOR 3
 #define MHA_VERSION_PATCH 0
-#define MHA_VERSION_STRING "0.2.0"
+#define MHA_VERSION_STRING "0.3.0"
 
 #if defined(MHA_BUILDING_LIBRARY) && defined(__GNUC__)
 #define MHA_API __attribute__((visibility("default")))

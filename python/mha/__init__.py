@@ -19,7 +19,7 @@ from .functional import (KVCache, attention_decode, load_safetensors, multi_head
 from .modules import MultiheadAttention, TransformerDecoderLayer, TransformerEncoderLayer
 from .embedder import Embedder, find_model_dir
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 library_version = _mha.version
 
 

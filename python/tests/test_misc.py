@@ -140,7 +140,7 @@ def test_threads_share_a_kv_cache(rng):
 
 
 def test_versions_and_threads():
-    assert mha.library_version == "0.2.0"
+    assert mha.library_version == "0.3.0"
     assert mha.kernel_name("ref") == "ref"
     n = mha.get_num_threads()
     mha.set_num_threads(1)

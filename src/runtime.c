@@ -17,6 +17,9 @@
 #include "kernels/gemm.h"
 
 #include <stdlib.h>
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#include <cpuid.h>
+#endif
 #include <string.h>
 #include <strings.h>
 #include <time.h>
@@ -54,8 +57,11 @@ int mha_threads(void) {
 bool mha_cpu_has_avx2_fma(void) {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    /* F16C from CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports
+     * has no "f16c") */
+    unsigned a, b, c, d;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 #else
     return false;
 #endif

@@ -26,7 +26,8 @@ if grep -q mha_peak_gflops "$T/exported"; then ko "libmha.so exports mha_peak_gf
 case_dir=tests/fixtures/cli/fwd_masked_rows_zero
 run_with_hook() { # cli -> exit status under MHA_TEST_FAIL_ALLOC=1+
     # shellcheck disable=SC2046
-    (cd "$case_dir" && MHA_TEST_FAIL_ALLOC=1+ "$1" $(cat args) --out "$T/y.npy") >/dev/null 2>&1
+    (cd "$case_dir" && MHA_TEST_FAIL_ALLOC=1+ "$1" $(cat args) --out "$T/y.npy") >/dev/null \
+        2>"$T/hook.err"
 }
 if [ "${MHA_COVERAGE:-0}" = 1 ]; then
     echo "  skipped: hook checks (the coverage build has the hooks in every binary)"
@@ -36,7 +37,9 @@ else
         ko "libmha.a or mha defines mha_test_* symbols"
     else ok; fi
     if grep -q MHA_TEST_FAIL_ALLOC "$B/mha"; then ko "$B/mha reads MHA_TEST_FAIL_ALLOC"; else ok; fi
-    if run_with_hook "$PWD/$B/mha"; then ok; else ko "release mha fails under MHA_TEST_FAIL_ALLOC=1+"; fi
+    if run_with_hook "$PWD/$B/mha"; then ok; else
+        ko "release mha fails under MHA_TEST_FAIL_ALLOC=1+ (exit $?): $(tail -n 8 "$T/hook.err")"
+    fi
     if run_with_hook "$PWD/$B/test/mha"; then ko "test mha ignores MHA_TEST_FAIL_ALLOC=1+"; else ok; fi
 fi
 echo "abi: $pass passed, $fail failed, $skip skipped"

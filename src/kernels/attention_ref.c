@@ -16,13 +16,38 @@
 #include <math.h>
 
 
+/* q row (offset q0) . k row (offset k0) in float64; with the ONNX scale q
+ * and k each times sqrt(scale), rounded to float.  float32 tensors take a
+ * loop without the per-element dtype switch (the reference's speed). */
+static double dot_qk(const mha_attn_problem *p, int64_t q0, int64_t k0) {
+    const int64_t qs = p->q.stride[3], ks = p->k.stride[3];
+    const float m = p->qk_scale;
+    double dot = 0.0;
+    if (p->q.dtype == MHA_F32 && p->k.dtype == MHA_F32) {
+        const float *q = (const float *)p->q.data + q0, *k = (const float *)p->k.data + k0;
+        if (p->onnx_scale)
+            for (int64_t c = 0; c < p->d; c++)
+                dot += (double)(q[c * qs] * m) * (double)(k[c * ks] * m);
+        else
+            for (int64_t c = 0; c < p->d; c++)
+                dot += (double)q[c * qs] * (double)k[c * ks];
+        return dot;
+    }
+    for (int64_t c = 0; c < p->d; c++) {
+        const float a = mha_load_f(p->q.data, p->q.dtype, q0 + c * qs);
+        const float b = mha_load_f(p->k.data, p->k.dtype, k0 + c * ks);
+        dot += p->onnx_scale ? (double)(a * m) * (double)(b * m) : (double)a * (double)b;
+    }
+    return dot;
+}
+
 /* One query row: o_row (dv), w_row (S) or NULL; scores (S) is scratch. */
 static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t i,
                        double *scores) {
     const int64_t hk = h / (p->Hq / p->Hkv);
-    const void *q = p->q.data, *k = p->k.data, *v = p->v.data; /* any float dtype */
+    const void *v = p->v.data; /* q, k, v, out: any float dtype */
     void *o = p->o.data;
-    const mha_dtype qt = p->q.dtype, kt = p->k.dtype, vt = p->v.dtype, ot = p->o.dtype;
+    const mha_dtype vt = p->v.dtype, ot = p->o.dtype;
     float *w = p->attn_weights.data;
     float *qk = p->qk.data;
     const int64_t q0 = b * p->q.stride[0] + h * p->q.stride[1] + i * p->q.stride[2];
@@ -49,16 +74,7 @@ static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t 
             scores[j] = -INFINITY;
             continue;
         }
-        double dot = 0.0;
-        if (p->onnx_scale) /* q*sqrt(scale) and k*sqrt(scale), each rounded to float */
-            for (int64_t c = 0; c < p->d; c++)
-                dot += (double)(mha_load_f(q, qt, q0 + c * p->q.stride[3]) * p->qk_scale) *
-                       (double)(mha_load_f(k, kt, k0 + j * p->k.stride[2] + c * p->k.stride[3]) *
-                                p->qk_scale);
-        else
-            for (int64_t c = 0; c < p->d; c++)
-                dot += (double)mha_load_f(q, qt, q0 + c * p->q.stride[3]) *
-                       (double)mha_load_f(k, kt, k0 + j * p->k.stride[2] + c * p->k.stride[3]);
+        const double dot = dot_qk(p, q0, k0 + j * p->k.stride[2]);
         const double raw = p->onnx_scale ? dot : dot * (double)p->scale;
         const double capped =
             p->softcap > 0.0f ? (double)p->softcap * tanh(raw / (double)p->softcap) : raw;
@@ -134,7 +150,8 @@ static void attend_row(const mha_attn_problem *p, int64_t b, int64_t h, int64_t 
         for (int64_t j = 0; j < p->S; j++) {
             if (scores[j] == -INFINITY)
                 continue; /* masked: skipped, not multiplied by zero */
-            acc += scores[j] * (double)mha_load_f(v, vt, v0 + j * p->v.stride[2] + c * p->v.stride[3]);
+            const int64_t at = v0 + j * p->v.stride[2] + c * p->v.stride[3];
+            acc += scores[j] * (double)(vt == MHA_F32 ? ((const float *)v)[at] : mha_load_f(v, vt, at));
         }
         mha_store_f(o, ot, o0 + c * p->o.stride[3], (float)acc);
     }

@@ -203,7 +203,7 @@ $(TESTS): $(TEST_OBJ) $(TEST_STATIC)
 # libFuzzer with ASan+UBSan for FUZZ_SECONDS per target (clang required).
 IO_TOOLS  := $(BUILD)/npycmp $(BUILD)/fuzz_npy $(BUILD)/fuzz_safetensors $(IO_TOOLS_MPI)
 FUZZ_SECONDS ?= 60
-FUZZ_LIB_SRC := src/alloc.c src/status.c src/tensor.c $(wildcard src/io/*.c)
+FUZZ_LIB_SRC := src/alloc.c src/status.c src/tensor.c src/kernels/convert.c $(wildcard src/io/*.c)
 
 $(BUILD)/npycmp: $(BUILD)/tests/tools/npycmp.o $(STATIC)
 	$(CC) -o $@ $< $(STATIC) $(LDSAN) $(LIB_LDLIBS)

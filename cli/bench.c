@@ -55,9 +55,8 @@ static bool kernel_selected(const bench_cfg *cfg, mha_kernel k, double work, int
         return false;
     if (cfg->kernel > 0 && (int)k != cfg->kernel)
         return false;
-    if (cfg->kernel == -1 && k == MHA_KERNEL_AVX2 &&
-        mha_kernel_resolve(MHA_KERNEL_AUTO) != MHA_KERNEL_AVX2)
-        return false;
+    if (cfg->kernel == -1 && k >= MHA_KERNEL_AVX2 && k > mha_kernel_resolve(MHA_KERNEL_AUTO))
+        return false; /* a SIMD kernel this CPU lacks */
     if ((k == MHA_KERNEL_REF && work > REF_TIME_MAX) ||
         (k == MHA_KERNEL_SCALAR && work > SCALAR_TIME_MAX)) {
         fprintf(stderr, "mha bench: %s skipped at L=%lld (too slow to time)\n",
@@ -71,14 +70,14 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: mha bench [--batch B --heads H [--kv-heads Hkv] --seq L [--kv-seq S]\n"
             "                  --head-dim d] [--causal] [--threads N] [--mha] [--json]\n"
-            "                  [--kernel ref|scalar|avx2|all] [--reps N] [--backward]\n"
+            "                  [--kernel ref|scalar|avx2|avx512|all] [--reps N] [--backward]\n"
             "                  [--dtype f32|f16|bf16]\n"
             "\n"
             "Times scaled dot-product attention (or, with --mha, the whole\n"
             "nn.MultiheadAttention self-attention forward, E = H*d, need_weights off),\n"
             "after validating each kernel against the reference kernel.\n"
             "Without a shape: a default grid (L 128..16384, d 64/128, H 8..16, B 1..8).\n"
-            "  --kernel K   default: the fastest kernel of this CPU; all: ref, scalar, avx2\n"
+            "  --kernel K   default: the fastest kernel of this CPU; all: every one it runs\n"
             "  --reps N     timed runs per case (median reported), default 5\n"
             "  --json       one JSON object per case and kernel per line\n"
             "  --backward   time the backward beside the forward of the same case and\n"
@@ -210,9 +209,10 @@ typedef struct bench_op {
 /* For each selected kernel: one run (the forward, then the backward),
  * validated; then the median of cfg->reps timed runs of each, one line. */
 static int bench_kernels(const bench_cfg *cfg, const bench_case *c, const bench_op *op) {
-    static const mha_kernel all[3] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
+    static const mha_kernel all[4] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2,
+                                      MHA_KERNEL_AVX512};
     int rc = CLI_OK;
-    for (int kk = 0; kk < 3; kk++) {
+    for (int kk = 0; kk < 4; kk++) {
         const mha_kernel k = all[kk];
         if (!kernel_selected(cfg, k, op->work, c->L))
             continue;
@@ -841,11 +841,9 @@ int cli_bench(int argc, char **argv) {
             const char *k = i + 1 < argc ? argv[++i] : "";
             if (!strcmp(k, "all"))
                 cfg.kernel = -1;
-            else if (!strcmp(k, "ref") || !strcmp(k, "scalar") || !strcmp(k, "avx2"))
-                cfg.kernel = k[0] == 'r' ? MHA_KERNEL_REF : k[0] == 's' ? MHA_KERNEL_SCALAR
-                                                                        : MHA_KERNEL_AVX2;
-            else {
-                fprintf(stderr, "mha bench: --kernel: '%s' is not ref, scalar, avx2 or all\n", k);
+            else if ((cfg.kernel = cli_kernel_named(k)) <= 0) {
+                fprintf(stderr,
+                        "mha bench: --kernel: '%s' is not ref, scalar, avx2, avx512 or all\n", k);
                 return CLI_BAD_INPUT;
             }
             continue;

@@ -37,7 +37,7 @@ static int cmp_double(const void *a, const void *b) {
 static void usage(FILE *f) {
     fprintf(f, "usage: mha bench --decode [--batch B] [--heads H] [--kv-heads Hkv]\n"
                "                 [--kv-seq S[,S...]] [--head-dim d] [--threads N] [--reps N]\n"
-               "                 [--kernel ref|scalar|avx2|auto] [--dtype f32|bf16|f16] [--json]\n"
+               "                 [--kernel ref|scalar|avx2|avx512|auto] [--dtype f32|bf16|f16] [--json]\n"
                "op \"decode\": one token against S cached keys; prints ms, GB/s of K/V read\n"
                "(and q/out), GFLOP/s, the measured read bandwidth and the fraction of it\n"
                "reached, the error against the reference.  --dtype: the cache's storage.\n"
@@ -184,16 +184,13 @@ int cli_bench_decode(int argc, char **argv) {
         }
         const char *v = argv[++i];
         if (!strcmp(a, "--kernel")) {
-            if (!strcmp(v, "ref") || !strcmp(v, "scalar") || !strcmp(v, "avx2") ||
-                !strcmp(v, "auto"))
-                kernel = v[0] == 'r'   ? MHA_KERNEL_REF
-                         : v[0] == 's' ? MHA_KERNEL_SCALAR
-                         : v[1] == 'v' ? MHA_KERNEL_AVX2
-                                       : MHA_KERNEL_AUTO;
-            else {
-                fprintf(stderr, "mha bench: --kernel: '%s' is not ref, scalar, avx2 or auto\n", v);
+            const int named = cli_kernel_named(v);
+            if (named < 0) {
+                fprintf(stderr,
+                        "mha bench: --kernel: '%s' is not ref, scalar, avx2, avx512 or auto\n", v);
                 return CLI_BAD_INPUT;
             }
+            kernel = (mha_kernel)named;
             continue;
         }
         if (!strcmp(a, "--dtype")) {

@@ -67,6 +67,8 @@ bool cli_parse_f32(const char *s, float *out);
 bool cli_parse_dtype(const char *s, mha_dtype *out);
 const char *cli_dtype_name(mha_dtype dt);
 int cli_dtype_option(const char *cmd, const char *opt, const char *s, mha_dtype *out);
+/* The kernel named s by mha_kernel_name ("auto" 0, "ref" .. "avx512"), or -1. */
+int cli_kernel_named(const char *s);
 /* Conversions for --dtype (dtype.c), through mha_tensor_convert.  The
  * tensors are owned; on failure nothing changes and the status is returned. */
 /* *t replaced by its conversion to dt (a no-op when t is already dt). */

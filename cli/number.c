@@ -133,3 +133,10 @@ int cli_dtype_option(const char *cmd, const char *opt, const char *s, mha_dtype 
             CLI_DTYPES);
     return CLI_BAD_INPUT;
 }
+
+int cli_kernel_named(const char *s) {
+    for (int k = MHA_KERNEL_AUTO; k <= MHA_KERNEL_AVX512; k++)
+        if (s && !strcmp(s, mha_kernel_name((mha_kernel)k)))
+            return k;
+    return -1;
+}

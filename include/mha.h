@@ -178,16 +178,20 @@ MHA_API mha_status mha_tensor_convert(mha_tensor *dst, const mha_tensor *src);
 MHA_API void mha_set_num_threads(int n);
 MHA_API int mha_get_num_threads(void);
 
-/* Attention kernels.  MHA_KERNEL_AUTO picks the fastest one the CPU runs;
- * the environment variable MHA_KERNEL=ref|scalar|avx2 overrides AUTO. */
+/* Attention kernels.  MHA_KERNEL_AUTO picks the fastest one the CPU runs
+ * (avx512, then avx2, then scalar); the environment variable
+ * MHA_KERNEL=ref|scalar|avx2|avx512 overrides AUTO.  A kernel the CPU lacks
+ * is MHA_ERR_UNSUPPORTED, never a silent fallback. */
 typedef enum mha_kernel {
     MHA_KERNEL_AUTO = 0,
     MHA_KERNEL_REF = 1,    /* naive loops, float64 accumulation           */
     MHA_KERNEL_SCALAR = 2, /* fused tiled online-softmax, portable C       */
-    MHA_KERNEL_AVX2 = 3    /* fused tiled online-softmax, AVX2 + FMA       */
+    MHA_KERNEL_AVX2 = 3,   /* fused tiled online-softmax, AVX2 + FMA       */
+    MHA_KERNEL_AVX512 = 4  /* the same on AVX-512 F/BW/VL/DQ; bf16 tiles
+                            * use vdpbf16ps where the CPU has AVX512_BF16 */
 } mha_kernel;
 
-/* Name of a kernel ("ref", "scalar", "avx2"); "auto" for AUTO. */
+/* Name of a kernel ("ref", "scalar", "avx2", "avx512"); "auto" for AUTO. */
 MHA_API const char *mha_kernel_name(mha_kernel kernel);
 /* The kernel AUTO resolves to on this CPU and environment. */
 MHA_API mha_kernel mha_kernel_resolve(mha_kernel requested);

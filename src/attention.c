@@ -184,7 +184,7 @@ mha_status mha_attn_run(const mha_attn_problem *p, mha_kernel kernel) {
     if (p->B == 0 || p->Hq == 0 || p->L == 0)
         return MHA_OK; /* empty output, nothing to compute */
     mha_kernel kr = mha_kernel_resolve(kernel);
-    if ((kr == MHA_KERNEL_SCALAR || kr == MHA_KERNEL_AVX2) && mha_attn_needs_ref(p)) {
+    if (kr != MHA_KERNEL_REF && mha_attn_needs_ref(p)) {
         MHA_CHECK(kernel == MHA_KERNEL_AUTO, MHA_ERR_UNSUPPORTED,
                   "kernel: %s does not serve these options (float64 softmax or an option "
                   "the fused kernels lack); use MHA_KERNEL_REF or AUTO",
@@ -195,6 +195,7 @@ mha_status mha_attn_run(const mha_attn_problem *p, mha_kernel kernel) {
     case MHA_KERNEL_REF: return mha_attn_fwd_f32_ref(p);
     case MHA_KERNEL_SCALAR: return mha_attn_fwd_f32_scalar(p);
     case MHA_KERNEL_AVX2: return mha_attn_fwd_f32_avx2(p);
+    case MHA_KERNEL_AVX512: return mha_attn_fwd_f32_avx512(p);
     case MHA_KERNEL_AUTO: break; /* GCOVR_EXCL_LINE: resolve never returns AUTO */
     }
     return mha_error(MHA_ERR_VALUE, "kernel: unknown kernel %d", (int)kernel);

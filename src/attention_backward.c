@@ -53,6 +53,7 @@ mha_status mha_attn_bwd_run(const mha_attn_problem *p, const mha_attn_grad *g,
     case MHA_KERNEL_REF: return mha_attn_bwd_f32_ref(p, g);
     case MHA_KERNEL_SCALAR: return mha_attn_bwd_f32_scalar(p, g);
     case MHA_KERNEL_AVX2: return mha_attn_bwd_f32_avx2(p, g);
+    case MHA_KERNEL_AVX512: return mha_attn_bwd_f32_avx512(p, g);
     case MHA_KERNEL_AUTO: break;
     }
     return mha_error(MHA_ERR_VALUE, "kernel: unknown kernel %d", (int)kernel);

@@ -543,12 +543,20 @@ static mha_tensor vec(const float *data, int64_t n) {
     return t;
 }
 
+/* True when the attention kernel in force is avx2 or avx512 (MHA_KERNEL
+ * may ask for the reference or portable paths) and the CPU runs AVX2: the
+ * encoder's own AVX2 LayerNorm and short-text attention then serve. */
+static bool kernels_are_simd(void) {
+    const mha_kernel kr = mha_kernel_resolve(MHA_KERNEL_AUTO);
+    return (kr == MHA_KERNEL_AVX2 || kr == MHA_KERNEL_AVX512) && mha_cpu_has_avx2_fma();
+}
+
 /* x (T,D) = LayerNorm(x) in place: where the kernels are avx2, rows in
  * chunks over threads through mha_layernorm_f32_avx2 (per row: the split
  * changes no bits); otherwise mha_layernorm_forward. */
 static mha_status layernorm(float *x, int64_t T, int64_t D, const float *w, const float *b,
                             float eps) {
-    if (mha_kernel_resolve(MHA_KERNEL_AUTO) == MHA_KERNEL_AVX2 && mha_cpu_has_avx2_fma()) {
+    if (kernels_are_simd()) {
         enum { CHUNK = 32 };
 #pragma omp parallel for schedule(static) num_threads(mha_threads()) if (T > 2 * CHUNK)
         for (int64_t r0 = 0; r0 < T; r0 += CHUNK)
@@ -623,8 +631,7 @@ static mha_status product(const mha_bert *m, const bert_layer *w, bert_proj whic
 static mha_status attend(float *ctx, int64_t ld_ctx, const float *qkv, int64_t L, int64_t D,
                          int64_t H, mha_tensor *weights, float *scratch) {
     const int64_t dh = D / H;
-    if (!weights && mha_kernel_resolve(MHA_KERNEL_AUTO) == MHA_KERNEL_AVX2 &&
-        mha_cpu_has_avx2_fma() && mha_attn_short_avx2_fits(dh)) {
+    if (!weights && kernels_are_simd() && mha_attn_short_avx2_fits(dh)) {
         mha_attn_short_f32_avx2(ctx, ld_ctx, qkv, qkv + D, qkv + 2 * D, 3 * D, L, H, dh,
                                 1.0f / sqrtf((float)dh), scratch);
         return MHA_OK;

@@ -156,6 +156,30 @@ static inline int mha_thread_index(void) {
 mha_kernel mha_runtime_kernel_env(void);
 /* True when the CPU has AVX2 and FMA (runtime.c: the one probe). */
 bool mha_cpu_has_avx2_fma(void);
+/* True when the CPU (and OS) run the avx512 kernels: AVX-512 F/DQ/BW/VL; and
+ * when it also has AVX512_BF16 (vdpbf16ps). */
+bool mha_cpu_has_avx512(void);
+bool mha_cpu_has_avx512_bf16(void);
+/* What the avx512 kernel choice runs on: the CPU, or (test builds,
+ * MHA_TEST_AVX512=emulate) the emulated twins of its loops.  Dispatch checks
+ * mha_avx512_runs() and takes its tables with MHA_AVX512_PICK. */
+bool mha_avx512_emulated(void);
+bool mha_avx512_runs(void);
+bool mha_avx512_bf16_runs(void);
+#if defined(MHA_TEST_HOOKS) && defined(MHA_HAVE_AVX512_EMULATION)
+/* &sym, or &sym_emu (the emulated build of the same source) when emulating */
+#define MHA_AVX512_PICK(sym) (mha_avx512_emulated() ? &sym##_emu : &sym)
+#define MHA_AVX512_DECLARE(type, sym) extern const type sym, sym##_emu
+#else
+#define MHA_AVX512_PICK(sym) (&sym)
+#define MHA_AVX512_DECLARE(type, sym) extern const type sym
+#endif
+/* In a _avx512.c kernel file: the name an exported table is defined under. */
+#ifdef MHA_AVX512_EMULATED
+#define MHA_AVX512_SYMBOL(sym) sym##_emu
+#else
+#define MHA_AVX512_SYMBOL(sym) sym
+#endif
 
 /* ---- dropout ------------------------------------------------------------- */
 
@@ -224,7 +248,7 @@ static inline int64_t mha_attn_kv_len(const mha_attn_problem *p, int64_t b) {
 
 /* True when p needs the reference kernel (float64 softmax; the fused
  * kernels serve every other option): AUTO then runs the reference and an
- * explicit SCALAR/AVX2 is MHA_ERR_UNSUPPORTED. */
+ * explicit SCALAR/AVX2/AVX512 is MHA_ERR_UNSUPPORTED. */
 bool mha_attn_needs_ref(const mha_attn_problem *p);
 
 /* Validates the modern options of opt into p (B..dv, causal, causal_offset
@@ -277,7 +301,8 @@ mha_kernel mha_attn_best_kernel(void);
 /* The kernels, one signature (src/kernels/):
  *   ref    naive loops, float64 accumulation, builds each score row;
  *   scalar fused tiles with online softmax, portable C;
- *   avx2   the same with AVX2+FMA microkernels. */
+ *   avx2   the same with AVX2+FMA microkernels;
+ *   avx512 the same with AVX-512 microkernels. */
 mha_status mha_attn_fwd_f32_ref(const mha_attn_problem *p);
 
 /* Bytes of scratch the forward kernels need for a problem of these sizes
@@ -290,6 +315,7 @@ size_t mha_attn_flash_scratch_bound(int64_t B, int64_t Hkv, int64_t S, int64_t d
                                     int nthreads);
 mha_status mha_attn_fwd_f32_scalar(const mha_attn_problem *p);
 mha_status mha_attn_fwd_f32_avx2(const mha_attn_problem *p);
+mha_status mha_attn_fwd_f32_avx512(const mha_attn_problem *p);
 
 /* ---- multi-head attention with a caller workspace (src/multihead.c) ----- */
 

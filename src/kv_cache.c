@@ -378,11 +378,15 @@ static mha_status decode_splits(mha_tensor *out, float *q, const mha_kv_cache *c
     for (int64_t x = 0; x < B * Hq * d; x++)
         q[x] = p->onnx_scale ? (q[x] * p->qk_scale) * p->qk_scale : q[x] * p->scale;
     const mha_decode_isa *isa = &mha_decode_isa_scalar;
-    if (kr == MHA_KERNEL_AVX2 && mha_decode_isa_avx2.qk &&
-        mha_attn_best_kernel() == MHA_KERNEL_AVX2)
+    if (kr == MHA_KERNEL_AVX512) {
+        MHA_CHECK(mha_avx512_runs(), MHA_ERR_UNSUPPORTED,
+                  "kernel: avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)");
+        isa = &mha_decode_isa_avx2; /* INTERIM: until attention_decode_avx512.c lands */
+    } else if (kr == MHA_KERNEL_AVX2) {
+        MHA_CHECK(mha_decode_isa_avx2.qk && mha_cpu_has_avx2_fma(), MHA_ERR_UNSUPPORTED,
+                  "kernel: avx2 requested but this CPU lacks AVX2/FMA");
         isa = &mha_decode_isa_avx2;
-    MHA_CHECK(kr != MHA_KERNEL_AVX2 || isa == &mha_decode_isa_avx2, MHA_ERR_UNSUPPORTED,
-              "kernel: avx2 is not available here");
+    }
     decode_args a = {c, isa, q, Hq, G, len, nsplit, p->softcap, &p->alibi, work};
     const int64_t tasks = B * c->Hkv * nsplit;
     float *scratch = work + B * c->Hkv * nsplit * G * (dv + 2);

@@ -4,7 +4,8 @@
  * the machine's measured peak for benchmarks.  Everything here sits above
  * the kernels (src/kernels/ call only mha_threads from this file).
  *
- * MHA_KERNEL=auto|ref|scalar|avx2 overrides MHA_KERNEL_AUTO for attention;
+ * MHA_KERNEL=auto|ref|scalar|avx2|avx512 overrides MHA_KERNEL_AUTO for
+ * attention;
  * MHA_GEMM=auto|blas|avx2|portable forces the projections' GEMM path.
  * Unset or empty means auto.  Any other value is an error: every call that
  * would select a kernel or a GEMM path returns MHA_ERR_VALUE naming the
@@ -67,6 +68,59 @@ bool mha_cpu_has_avx2_fma(void) {
 #endif
 }
 
+#if defined(__GNUC__) && defined(__x86_64__)
+/* XCR0: the state components the OS saves (Intel SDM vol. 1, 13.3). */
+static uint64_t os_saved_state(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) /* OSXSAVE */
+        return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (uint64_t)hi << 32 | lo;
+}
+#endif
+
+/* AVX-512 F, DQ, BW and VL (CPUID leaf 7 EBX bits 16, 17, 30, 31), the
+ * AVX2 set, and an OS that saves the opmask and ZMM state (XCR0 bits 1, 2,
+ * 5, 6, 7): the avx512 kernels' requirement. */
+bool mha_cpu_has_avx512(void) {
+#if defined(__GNUC__) && defined(__x86_64__)
+    unsigned a, b, c, d;
+    if (!mha_cpu_has_avx2_fma() || !__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return false;
+    const unsigned need = 1u << 16 | 1u << 17 | 1u << 30 | 1u << 31;
+    return (b & need) == need && (os_saved_state() & 0xe6) == 0xe6;
+#else
+    return false;
+#endif
+}
+
+/* AVX512_BF16 (CPUID leaf 7 sub-leaf 1 EAX bit 5): vdpbf16ps. */
+bool mha_cpu_has_avx512_bf16(void) {
+#if defined(__GNUC__) && defined(__x86_64__)
+    unsigned a, b, c, d;
+    return mha_cpu_has_avx512() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+#else
+    return false;
+#endif
+}
+
+/* The test hook MHA_TEST_AVX512=emulate (test builds with SIMDe only; see
+ * tests/emu/avx512_emulation.h): the avx512 kernel then runs the emulated
+ * twins of its loops, as if the CPU had AVX-512 and AVX512_BF16. */
+bool mha_avx512_emulated(void) {
+#if defined(MHA_TEST_HOOKS) && defined(MHA_HAVE_AVX512_EMULATION)
+    const char *v = getenv("MHA_TEST_AVX512");
+    return v && strcmp(v, "emulate") == 0;
+#else
+    return false;
+#endif
+}
+
+bool mha_avx512_runs(void) { return mha_avx512_emulated() || mha_cpu_has_avx512(); }
+
+bool mha_avx512_bf16_runs(void) { return mha_avx512_emulated() || mha_cpu_has_avx512_bf16(); }
+
 
 /* ---- the environment's choices ---------------------------------------------------- */
 
@@ -83,11 +137,11 @@ static int env_choice(const char *var, const char *const *names, int n) {
 }
 
 /* Index = the enum value (AUTO first). */
-static const char *const kernel_names[] = {"auto", "ref", "scalar", "avx2"};
+static const char *const kernel_names[] = {"auto", "ref", "scalar", "avx2", "avx512"};
 static const char *const gemm_names[] = {"auto", "blas", "avx2", "portable"};
 
 mha_kernel mha_runtime_kernel_env(void) {
-    int i = env_choice("MHA_KERNEL", kernel_names, 4);
+    int i = env_choice("MHA_KERNEL", kernel_names, 5);
     return i > 0 ? (mha_kernel)i : MHA_KERNEL_AUTO;
 }
 
@@ -104,6 +158,7 @@ const char *mha_kernel_name(mha_kernel kernel) {
     case MHA_KERNEL_REF: return "ref";
     case MHA_KERNEL_SCALAR: return "scalar";
     case MHA_KERNEL_AVX2: return "avx2";
+    case MHA_KERNEL_AVX512: return "avx512";
     }
     return "unknown";
 }
@@ -116,6 +171,8 @@ mha_kernel mha_kernel_resolve(mha_kernel requested) {
 }
 
 mha_kernel mha_attn_best_kernel(void) {
+    if (mha_cpu_has_avx512())
+        return MHA_KERNEL_AVX512;
     return mha_cpu_has_avx2_fma() ? MHA_KERNEL_AVX2 : MHA_KERNEL_SCALAR;
 }
 
@@ -187,8 +244,8 @@ mha_gemm_path mha_gemm_resolve(mha_gemm_path requested) {
 /* ---- the environment, checked --------------------------------------------------- */
 
 mha_status mha_runtime_check(void) {
-    MHA_CHECK(env_choice("MHA_KERNEL", kernel_names, 4) >= 0, MHA_ERR_VALUE,
-              "MHA_KERNEL=%s: unknown kernel (valid: auto, ref, scalar, avx2)",
+    MHA_CHECK(env_choice("MHA_KERNEL", kernel_names, 5) >= 0, MHA_ERR_VALUE,
+              "MHA_KERNEL=%s: unknown kernel (valid: auto, ref, scalar, avx2, avx512)",
               getenv("MHA_KERNEL"));
     MHA_CHECK(env_choice("MHA_GEMM", gemm_names, 4) >= 0, MHA_ERR_VALUE,
               "MHA_GEMM=%s: unknown GEMM path (valid: auto, blas, avx2, portable)",
@@ -219,8 +276,8 @@ double mha_peak_gflops(int threads, double seconds) {
         threads = mha_threads();
     if (!(seconds > 0.0))
         seconds = 0.2;
-    const bool avx2 = mha_cpu_has_avx2_fma();
-    const int64_t iters = avx2 ? 4000000 : 20000000;
+    const bool avx2 = mha_cpu_has_avx2_fma(), avx512 = mha_cpu_has_avx512();
+    const int64_t iters = avx512 ? 2000000 : avx2 ? 4000000 : 20000000;
     double total = 0.0, t0 = now_seconds(), t1 = t0, sink = 0.0;
     int rounds = 0;
     do {
@@ -228,7 +285,9 @@ double mha_peak_gflops(int threads, double seconds) {
 #pragma omp parallel num_threads(threads) reduction(+ : flops_round, sink)
         {
             double f = 0.0;
-            sink += avx2 ? mha_fma_peak_loop_avx2(iters, &f) : peak_loop_scalar(iters, &f);
+            sink += avx512 ? mha_fma_peak_loop_avx512(iters, &f)
+                    : avx2 ? mha_fma_peak_loop_avx2(iters, &f)
+                           : peak_loop_scalar(iters, &f);
             flops_round += f;
         }
         total += flops_round;

@@ -53,7 +53,7 @@ mha_status mha_layer_check_options(const mha_layer_options *opt) {
               (double)opt->layer_norm_eps);
     MHA_CHECK(opt->dropout_p >= 0.0f && opt->dropout_p < 1.0f, MHA_ERR_VALUE,
               "dropout_p: %g must be in [0,1)", (double)opt->dropout_p);
-    MHA_CHECK(opt->kernel >= MHA_KERNEL_AUTO && opt->kernel <= MHA_KERNEL_AVX2, MHA_ERR_VALUE,
+    MHA_CHECK(opt->kernel >= MHA_KERNEL_AUTO && opt->kernel <= MHA_KERNEL_AVX512, MHA_ERR_VALUE,
               "kernel: unknown kernel %d", (int)opt->kernel);
     return MHA_OK;
 }

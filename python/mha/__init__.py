@@ -35,7 +35,8 @@ def get_num_threads():
 
 def kernel_name(kernel="auto"):
     """The attention kernel a request resolves to on this CPU ("ref",
-    "scalar", "avx2"); MHA_KERNEL=ref|scalar|avx2 overrides "auto"."""
+    "scalar", "avx2", "avx512"); MHA_KERNEL=ref|scalar|avx2|avx512 overrides
+    "auto"."""
     from ._arrays import kernel_id
     return _mha.kernel_name(kernel_id(kernel))
 

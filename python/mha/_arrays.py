@@ -28,7 +28,7 @@ from . import _mha
 
 _copies = [0]
 
-KERNELS = {"auto": 0, "ref": 1, "scalar": 2, "avx2": 3}
+KERNELS = {"auto": 0, "ref": 1, "scalar": 2, "avx2": 3, "avx512": 4}
 MASKED_ROWS = {"zero": 0, "nan": 1}
 _MASK_DTYPES = (np.dtype(np.bool_), np.dtype(np.float32), np.dtype(np.uint8))
 _F32 = np.dtype(np.float32)

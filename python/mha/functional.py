@@ -61,7 +61,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     A query row whose every key is masked gives 0 (masked_rows="zero",
     FlashAttention/ONNX) or NaN ("nan").  out: an array of the output's
     shape and dtype to write into (returned).  kernel: "auto", "ref",
-    "scalar" or "avx2".
+    "scalar", "avx2" or "avx512".
 
     Dtypes: float32, float16 (NumPy or torch) or torch.bfloat16, the same
     for query, key and value (else ValueError, torch's rule); the result has

@@ -72,10 +72,13 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
  * (MHA_ERR_UNSUPPORTED when the CPU lacks them). */
 mha_status mha_attn_bwd_f32_scalar(const mha_attn_problem *p, const mha_attn_grad *g);
 mha_status mha_attn_bwd_f32_avx2(const mha_attn_problem *p, const mha_attn_grad *g);
+mha_status mha_attn_bwd_f32_avx512(const mha_attn_problem *p, const mha_attn_grad *g);
 
 /* The AVX2+FMA inner loops (attention_bwd_avx2.c; only call when the CPU
  * has AVX2 and FMA). */
 extern const mha_bwd_isa mha_bwd_isa_avx2;
+/* The AVX-512 loops (attention_bwd_avx512.c; check mha_avx512_runs()). */
+MHA_AVX512_DECLARE(mha_bwd_isa, mha_bwd_isa_avx512);
 
 /* Runs a validated backward on the requested kernel: REF the reference,
  * SCALAR/AVX2 the fused backward (AUTO resolves as the forward does). */

@@ -34,5 +34,8 @@ typedef struct mha_decode_isa {
 extern const mha_decode_isa mha_decode_isa_scalar;
 /* NULL members when the build has no AVX2 code; callers check the CPU. */
 extern const mha_decode_isa mha_decode_isa_avx2;
+/* The AVX-512 loops (attention_decode_avx512.c); callers check
+ * mha_avx512_runs() and take them with MHA_AVX512_PICK. */
+MHA_AVX512_DECLARE(mha_decode_isa, mha_decode_isa_avx512);
 
 #endif

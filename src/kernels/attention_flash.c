@@ -602,3 +602,9 @@ mha_status mha_attn_fwd_f32_avx2(const mha_attn_problem *p) {
               "kernel: avx2 requested but this CPU lacks AVX2/FMA");
     return mha_attn_flash_run(p, &mha_flash_isa_avx2);
 }
+
+mha_status mha_attn_fwd_f32_avx512(const mha_attn_problem *p) {
+    MHA_CHECK(mha_avx512_runs(), MHA_ERR_UNSUPPORTED,
+              "kernel: avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)");
+    return mha_attn_flash_run(p, MHA_AVX512_PICK(mha_flash_isa_avx512));
+}

@@ -60,9 +60,15 @@ mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *is
 /* The AVX2+FMA inner loops (attention_flash_avx2.c; only call when the CPU
  * has AVX2 and FMA). */
 extern const mha_flash_isa mha_flash_isa_avx2;
+/* The AVX-512 inner loops (attention_flash_avx512.c; only after
+ * mha_avx512_runs(), taken with MHA_AVX512_PICK). */
+MHA_AVX512_DECLARE(mha_flash_isa, mha_flash_isa_avx512);
 
 /* An FMA-bound loop (12 independent 8-lane chains, iters steps); *flops
  * receives the FLOP count done.  Returns a value to keep the loop alive. */
 double mha_fma_peak_loop_avx2(int64_t iters, double *flops);
+/* The same with 16 chains of 16 lanes (attention_flash_avx512.c; only when
+ * mha_cpu_has_avx512(): a peak is measured natively, never emulated). */
+double mha_fma_peak_loop_avx512(int64_t iters, double *flops);
 
 #endif /* MHA_ATTENTION_FLASH_H */

@@ -4,6 +4,7 @@
  * SKIP_PART reason counts one skip.  Without OpenMP every test named *thread*
  * notes that its thread counts ran on one thread. */
 #include "test.h"
+#include "internal.h" /* mha_cpu_has_avx512, mha_avx512_emulated */
 
 #include <stdarg.h>
 
@@ -61,6 +62,15 @@ int main(int argc, char **argv) {
     const char *filter = argc > 1 ? argv[1] : NULL;
     qsort(tests, (size_t)n_tests, sizeof tests[0], by_name);
     int passed = 0, failed = 0, skipped = 0;
+    /* The avx512 kernel runs natively on an AVX-512 CPU; elsewhere its
+     * emulated twins where the test library has them (SIMDe; the hook
+     * MHA_TEST_AVX512=emulate, docs/errors.md "Test hooks"). */
+    if (!mha_cpu_has_avx512())
+        setenv("MHA_TEST_AVX512", "emulate", 0);
+    printf("avx512 kernels: %s\n", mha_cpu_has_avx512()    ? "native"
+                                    : mha_avx512_emulated() ? "emulated (this CPU lacks AVX-512)"
+                                                            : "not run (this CPU lacks AVX-512; "
+                                                              "no SIMDe emulation in this build)");
     for (int i = 0; i < n_tests; i++) {
         if (filter && !strstr(tests[i].name, filter))
             continue;

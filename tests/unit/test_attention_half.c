@@ -113,7 +113,7 @@ static const char *dt_name(mha_dtype dt) { return dt == MHA_BF16 ? "bf16" : "f16
 
 TEST(attention_half_fused_matches_reference) {
     const mha_dtype dts[2] = {MHA_BF16, MHA_F16};
-    const mha_kernel kernels[2] = {MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
+    const mha_kernel kernels[3] = {MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2, MHA_KERNEL_AVX512};
     for (int t = 0; t < 2; t++) {
         const mha_dtype dt = dts[t];
         const double tol = dt == MHA_BF16 ? 2e-3 : 5e-4, loose = dt == MHA_BF16 ? 3e-2 : 4e-3;
@@ -133,7 +133,7 @@ TEST(attention_half_fused_matches_reference) {
             if (!(e32 <= loose))
                 test_fail(__FILE__, __LINE__, "%s case %zu: %.3g from the float32 result",
                           dt_name(dt), ci, e32);
-            for (int kk = 0; kk < 2; kk++) {
+            for (int kk = 0; kk < 3; kk++) {
                 if (!test_kernel_runs(kernels[kk]))
                     continue;
                 CHECK_STATUS(run(y, c, &x, &x.h[0], &x.h[1], &x.h[2], kernels[kk]), MHA_OK);
@@ -187,8 +187,8 @@ TEST(attention_half_p_is_rounded_to_v_dtype) {
         CHECK(diff < (dt == MHA_BF16 ? 4e-3 : 5e-4)); /* ... by half an ulp at most */
         float *f = malloc(sizeof(float) * no), *r = malloc(sizeof(float) * no);
         memcpy(r, a, sizeof(float) * no); /* the reference with P rounded */
-        for (int kk = 0; kk < 2; kk++) {
-            const mha_kernel kr = kk ? MHA_KERNEL_AVX2 : MHA_KERNEL_SCALAR;
+        for (int kk = 0; kk < 3; kk++) {
+            const mha_kernel kr = kk == 2 ? MHA_KERNEL_AVX512 : kk ? MHA_KERNEL_AVX2 : MHA_KERNEL_SCALAR;
             if (!test_kernel_runs(kr))
                 continue;
             REQUIRE_OK(run(a, &c, &x, &x.h[0], &x.h[1], &vwide, kr)); /* float32 v: fp32 rule */
@@ -217,9 +217,9 @@ TEST(attention_half_mixed_dtypes_and_threads) {
     float *o2 = malloc(sizeof(float) * no);
     /* float32 q against a bf16 K and an fp16 V */
     REQUIRE_OK(run(ref, &c, &x, &x.f[0], &x.h[1], &y.h[2], MHA_KERNEL_REF));
-    const mha_kernel kernels[2] = {MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
+    const mha_kernel kernels[3] = {MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2, MHA_KERNEL_AVX512};
     const int saved = mha_get_num_threads();
-    for (int kk = 0; kk < 2; kk++) {
+    for (int kk = 0; kk < 3; kk++) {
         if (!test_kernel_runs(kernels[kk]))
             continue;
         mha_set_num_threads(1);

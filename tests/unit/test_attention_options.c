@@ -125,8 +125,8 @@ TEST(modern_softcap_alibi_sinks_lse_by_hand) {
 TEST(modern_fused_kernels_match_reference_on_every_option) {
     enum { B = 2, HQ = 6, HKV = 2, L = 37, S = 53, D = 12, DV = 9 };
     static float q[B * HQ * L * D], k[B * HKV * S * D], v[B * HKV * S * DV];
-    static float o[3][B * HQ * L * DV], w[3][B * HQ * L * S], qk[3][B * HQ * L * S],
-        lse[3][B * HQ * L], mk[L * S];
+    static float o[4][B * HQ * L * DV], w[4][B * HQ * L * S], qk[4][B * HQ * L * S],
+        lse[4][B * HQ * L], mk[L * S];
     mha_randn(q, sizeof q / sizeof *q, 71, 1.5f);
     mha_randn(k, sizeof k / sizeof *k, 72, 1.5f);
     mha_randn(v, sizeof v / sizeof *v, 73, 1.0f);
@@ -143,8 +143,9 @@ TEST(modern_fused_kernels_match_reference_on_every_option) {
     mha_tensor_init(&A, MHA_F32, slopes, 1, (int64_t[]){HQ});
     mha_tensor_init(&Sk, MHA_F32, sinks, 1, (int64_t[]){HQ});
     mha_tensor_init(&M, MHA_F32, mk, 2, (int64_t[]){L, S});
-    const mha_kernel kernels[3] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
-    const int nk = test_kernel_runs(MHA_KERNEL_AVX2) ? 3 : 2;
+    const mha_kernel kernels[4] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2,
+                                   MHA_KERNEL_AVX512};
+    const int nk = !test_kernel_runs(MHA_KERNEL_AVX2) ? 2 : test_kernel_runs(MHA_KERNEL_AVX512) ? 4 : 3;
     for (int combo = 0; combo < 8; combo++) {
         for (int kk = 0; kk < nk; kk++) {
             mha_tensor O = test_view4(o[kk], B, HQ, L, DV), W = test_view4(w[kk], B, HQ, L, S);

@@ -138,7 +138,8 @@ static bool all_zero(const float *x, int64_t n) {
     return true;
 }
 
-static const mha_kernel kernels[] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
+static const mha_kernel kernels[] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2,
+                                     MHA_KERNEL_AVX512};
 #define N_KERNELS (int)(sizeof kernels / sizeof *kernels)
 
 static bool kernel_runs(mha_kernel kernel) {
@@ -155,6 +156,7 @@ static const char *area_of(mha_kernel kernel) {
     switch (kernel) {
     case MHA_KERNEL_SCALAR: return "sdpa (scalar)";
     case MHA_KERNEL_AVX2: return "sdpa (avx2)";
+    case MHA_KERNEL_AVX512: return "sdpa (avx512)";
     default: return "sdpa (ref)";
     }
 }

@@ -183,8 +183,8 @@ static void check_dtype(mha_dtype dt, double tol) {
         const double er = norm_err(o1, ref, no);
         worst_ref = er > worst_ref ? er : worst_ref;
         CHECK(er <= tol && test_max_diff(l1, lraw, nl) < 1e-5);
-        const mha_kernel kernels[2] = {MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
-        for (int ki = 0; ki < 2; ki++) {
+        const mha_kernel kernels[3] = {MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2, MHA_KERNEL_AVX512};
+        for (int ki = 0; ki < 3; ki++) {
             if (!test_kernel_runs(kernels[ki]))
                 continue;
             REQUIRE_OK(decode_with(o1, l1, c, q, kv, kernels[ki], 1));
@@ -267,8 +267,9 @@ TEST(decode_half_q_and_out_dtypes) {
         qh[i] = mha_float_to_half(q[i]), qr[i] = mha_half_to_float(qh[i]);
     mha_kv_cache *kv = fill_cache(&c, MHA_BF16, k, v);
     REQUIRE(kv);
-    const mha_kernel kernels[3] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
-    for (int ki = 0; ki < 3; ki++) {
+    const mha_kernel kernels[4] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2,
+                                   MHA_KERNEL_AVX512};
+    for (int ki = 0; ki < 4; ki++) {
         if (!test_kernel_runs(kernels[ki]))
             continue;
         REQUIRE_OK(decode_with(o, l, &c, qr, kv, kernels[ki], 1));

@@ -12,7 +12,8 @@
 #define MAX_THREADS 8
 #define REPEATS 5
 
-static const mha_kernel kernels[] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
+static const mha_kernel kernels[] = {MHA_KERNEL_REF, MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2,
+                                     MHA_KERNEL_AVX512};
 
 /* ---- SDPA ----------------------------------------------------------------------- */
 

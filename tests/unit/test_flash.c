@@ -214,8 +214,8 @@ static double check_case(const fcase *c, const char *label) {
         return INFINITY;
     size_t no = (size_t)(c->B * c->Hq * c->L * c->dv), nw = (size_t)(c->B * c->Hq * c->L * c->S);
     double worst = 0.0;
-    mha_kernel kernels[2] = {MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
-    for (int kk = 0; kk < 2; kk++) {
+    mha_kernel kernels[3] = {MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2, MHA_KERNEL_AVX512};
+    for (int kk = 0; kk < 3; kk++) {
         if (!test_kernel_runs(kernels[kk]))
             continue;
         fout got = {0};
@@ -349,8 +349,8 @@ TEST(flash_threads_bit_identical) {
     fcase c = base(2, 3, 1, 300, 290, 64, 40);
     c.mask = MASK_FLOAT_B1LS, c.causal = MHA_CAUSAL_BOTTOM_RIGHT, c.dropout = 0.1f;
     c.weights = true;
-    mha_kernel kernels[2] = {MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
-    for (int kk = 0; kk < 2; kk++) {
+    mha_kernel kernels[3] = {MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2, MHA_KERNEL_AVX512};
+    for (int kk = 0; kk < 3; kk++) {
         if (!test_kernel_runs(kernels[kk]))
             continue;
         fout one = {0};
@@ -393,6 +393,7 @@ TEST(flash_fp_environment_untouched) {
 
 TEST(flash_kernel_names_and_best) {
     mha_kernel best = mha_kernel_resolve(MHA_KERNEL_AUTO);
-    CHECK(best == MHA_KERNEL_AVX2 || best == MHA_KERNEL_SCALAR || best == MHA_KERNEL_REF);
+    CHECK(best == MHA_KERNEL_AVX512 || best == MHA_KERNEL_AVX2 || best == MHA_KERNEL_SCALAR ||
+          best == MHA_KERNEL_REF);
     CHECK(mha_peak_gflops(1, 0.01) > 0.0);
 }

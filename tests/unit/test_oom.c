@@ -131,7 +131,7 @@ static mha_status call_sdpa(void *ctx) {
 }
 
 static const mha_kernel all_kernels[] = {MHA_KERNEL_AUTO, MHA_KERNEL_REF, MHA_KERNEL_SCALAR,
-                                         MHA_KERNEL_AVX2};
+                                         MHA_KERNEL_AVX2, MHA_KERNEL_AVX512};
 
 /* True when this build and CPU run `kernel` (the fused kernels may be absent). */
 static bool kernel_available(mha_kernel kernel) {

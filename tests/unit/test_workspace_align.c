@@ -37,7 +37,7 @@ TEST(workspace_any_float_alignment_gives_the_same_bits) {
     CHECK_STATUS(mha_encoder_workspace_size(B, L, E, F, &bytes), MHA_OK);
     char *raw = aligned_alloc(64, (bytes + 64 + 63) / 64 * 64);
     REQUIRE(raw != NULL);
-    for (int kernel = MHA_KERNEL_AUTO; kernel <= MHA_KERNEL_AVX2; kernel++) {
+    for (int kernel = MHA_KERNEL_AUTO; kernel <= MHA_KERNEL_AVX512; kernel++) {
         if (kernel != MHA_KERNEL_AUTO && !test_kernel_runs((mha_kernel)kernel))
             continue;
         opt.kernel = (mha_kernel)kernel;

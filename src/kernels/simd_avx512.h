@@ -1,0 +1,69 @@
+/* simd_avx512.h - AVX-512 helpers shared by the *_avx512.c kernels (private).
+ *
+ * Include only from files compiled with the Makefile's AVX512_FLAGS (F, DQ,
+ * BW, VL and the AVX2 set) - natively, or emulated: the test library builds
+ * each AVX-512 kernel file a second time with -DMHA_AVX512_EMULATED, and the
+ * _mm512 names then come from tests/emu/avx512_emulation.h (SIMDe plus what
+ * it lacks), so the same source is checked on CPUs without AVX-512.
+ * Everything here is static inline.
+ */
+#ifndef MHA_KERNELS_SIMD_AVX512_H
+#define MHA_KERNELS_SIMD_AVX512_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#ifdef MHA_AVX512_EMULATED
+#include "avx512_emulation.h"
+#endif
+
+/* Lanes [0, n) of a 16-lane vector (n >= 16: all). */
+static inline __mmask16 mask16(int64_t n) {
+    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
+}
+
+/* e^x for the softmax's x = s - m <= 0, or NaN (which propagates): the
+ * polynomial of exp_softmax256 (attention_flash_avx2.c; max relative error
+ * 1.9e-7), with 2^n applied by vscalefps.  x is clamped at -87, so e^x >=
+ * 2^-126 stays normal (such a term is below any row sum >= 1 by 38 decades;
+ * callers mark masked entries themselves); n = round(x log2 e), r = x - n ln2
+ * (Cephes' two-part ln2), e^r = 1 + r + r^2 q(r), q cubic. */
+static inline __m512 exp_softmax512(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x); /* operand order keeps NaN */
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 q = _mm512_set1_ps(8.333842270076275e-3f);
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(4.189859703183174e-2f));
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.666688621044159e-1f));
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(4.9999141693115234e-1f));
+    const __m512 y =
+        _mm512_fmadd_ps(q, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(y, n);
+}
+
+/* exp(x) over the whole float range (and NaN): exp256's Cephes expf
+ * (simd_avx2.h; 1-2 ulp) with 2^n by vscalefps; x below -87.33 gives 0 (no
+ * denormal), above 88.38 gives the clamp's finite value as exp256 does. */
+static inline __m512 exp512(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.33654f);
+    const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_set1_ps(88.3762626647949f), x); /* operand order keeps NaN */
+    x = _mm512_max_ps(lo, x);
+    const __m512 n = _mm512_roundscale_ps(
+        _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_mov_ps((__mmask16)~under, _mm512_scalef_ps(y, n));
+}
+
+#endif /* MHA_KERNELS_SIMD_AVX512_H */

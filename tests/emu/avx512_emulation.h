@@ -1,0 +1,161 @@
+/* avx512_emulation.h - AVX-512 intrinsics on an AVX2 machine, for tests.
+ *
+ * The test library compiles each AVX-512 kernel file (src/kernels/, named
+ * _avx512.c) a second time, as _avx512_emu.o, with -DMHA_AVX512_EMULATED and this header: SIMDe (SIMD
+ * Everywhere, libsimde-dev) maps the _mm512_* names to portable code, and
+ * the intrinsics SIMDe 0.7 lacks are written below from Intel's pseudocode.
+ * With MHA_TEST_AVX512=emulate the avx512 kernel choice runs these objects,
+ * so the parity suites check the AVX-512 kernels' logic (blocking, tails,
+ * masks, bf16 pairs) on machines without AVX-512.  What emulation cannot
+ * check - the instruction encodings and fault suppression of masked loads -
+ * only a native run checks, which the same suites do on an AVX-512 CPU.
+ * The masked loads and stores below touch only the selected lanes, so
+ * AddressSanitizer sees an out-of-bounds lane as the native kernel would
+ * fault on it (minus suppression, which the kernels must not rely on).
+ */
+#ifndef MHA_TESTS_AVX512_EMULATION_H
+#define MHA_TESTS_AVX512_EMULATION_H
+
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#include <simde/x86/f16c.h>
+
+#include <stdint.h>
+#include <string.h>
+
+/* The supplement works on lane arrays; a union views a vector as lanes. */
+typedef union { simde__m512 v; float f[16]; } emu_ps;
+typedef union { simde__m512i v; int32_t i[16]; uint32_t u[16]; uint16_t h[32]; } emu_si;
+typedef union { simde__m512bh v; uint16_t h[32]; } emu_bh;
+typedef union { simde__m256i v; uint16_t h[16]; } emu_si256;
+typedef union { simde__m256bh v; uint16_t h[16]; } emu_bh256;
+
+static inline simde__m512 emu_maskz_loadu_ps(uint16_t k, const void *p) {
+    emu_ps r;
+    for (int i = 0; i < 16; i++)
+        r.f[i] = (k >> i & 1) ? ((const float *)p)[i] : 0.0f;
+    return r.v;
+}
+static inline simde__m512 emu_mask_loadu_ps(simde__m512 src, uint16_t k, const void *p) {
+    emu_ps r = {.v = src};
+    for (int i = 0; i < 16; i++)
+        if (k >> i & 1)
+            r.f[i] = ((const float *)p)[i];
+    return r.v;
+}
+static inline void emu_mask_storeu_ps(void *p, uint16_t k, simde__m512 a) {
+    emu_ps x = {.v = a};
+    for (int i = 0; i < 16; i++)
+        if (k >> i & 1)
+            ((float *)p)[i] = x.f[i];
+}
+static inline simde__m256i emu_maskz_loadu_epi16(uint16_t k, const void *p) {
+    emu_si256 r;
+    for (int i = 0; i < 16; i++)
+        r.h[i] = (k >> i & 1) ? ((const uint16_t *)p)[i] : 0;
+    return r.v;
+}
+static inline void emu_mask_storeu_epi16_256(void *p, uint16_t k, simde__m256i a) {
+    emu_si256 x = {.v = a};
+    for (int i = 0; i < 16; i++)
+        if (k >> i & 1)
+            ((uint16_t *)p)[i] = x.h[i];
+}
+static inline float emu_reduce_add_ps(simde__m512 a) {
+    /* the same tree as GCC's _mm512_reduce_add_ps: halves, then quarters */
+    emu_ps x = {.v = a};
+    float h8[8], h4[4], h2[2];
+    for (int i = 0; i < 8; i++)
+        h8[i] = x.f[i] + x.f[i + 8];
+    for (int i = 0; i < 4; i++)
+        h4[i] = h8[i] + h8[i + 4];
+    for (int i = 0; i < 2; i++)
+        h2[i] = h4[i] + h4[i + 2];
+    return h2[0] + h2[1];
+}
+static inline float emu_reduce_max_ps(simde__m512 a) {
+    emu_ps x = {.v = a};
+    float m = x.f[0];
+    for (int i = 1; i < 16; i++)
+        m = x.f[i] > m ? x.f[i] : m;
+    return m;
+}
+/* float -> bf16, round to nearest even, NaN quieted (VCVTNE2PS2BF16). */
+static inline uint16_t emu_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+/* lanes 0..15 from b, 16..31 from a, as the instruction defines */
+static inline simde__m512bh emu_cvtne2ps_pbh(simde__m512 a, simde__m512 b) {
+    emu_ps xa = {.v = a}, xb = {.v = b};
+    emu_bh r;
+    for (int i = 0; i < 16; i++)
+        r.h[i] = emu_bf16(xb.f[i]), r.h[i + 16] = emu_bf16(xa.f[i]);
+    return r.v;
+}
+static inline simde__m256bh emu_cvtneps_pbh(simde__m512 a) {
+    emu_ps x = {.v = a};
+    emu_bh256 r;
+    for (int i = 0; i < 16; i++)
+        r.h[i] = emu_bf16(x.f[i]);
+    return r.v;
+}
+static inline simde__m512 emu_cvtph_ps(simde__m256i a) {
+    emu_si256 x = {.v = a};
+    emu_ps r;
+    simde__m128i lo, hi;
+    memcpy(&lo, x.h, 16), memcpy(&hi, x.h + 8, 16);
+    simde__m256 l = simde_mm256_cvtph_ps(lo), h = simde_mm256_cvtph_ps(hi);
+    memcpy(r.f, &l, 32), memcpy(r.f + 8, &h, 32);
+    return r.v;
+}
+static inline simde__m256i emu_cvtps_ph(simde__m512 a, int rounding) {
+    emu_ps x = {.v = a};
+    simde__m256 l, h;
+    memcpy(&l, x.f, 32), memcpy(&h, x.f + 8, 32);
+    simde__m128i lo = simde_mm256_cvtps_ph(l, 0), hi = simde_mm256_cvtps_ph(h, 0);
+    (void)rounding; /* the kernels pass _MM_FROUND_TO_NEAREST_INT, F16C's 0 */
+    emu_si256 r;
+    memcpy(r.h, &lo, 16), memcpy(r.h + 8, &hi, 16);
+    return r.v;
+}
+static inline simde__m512i emu_cvtepu16_epi32(simde__m256i a) {
+    emu_si256 x = {.v = a};
+    emu_si r;
+    for (int i = 0; i < 16; i++)
+        r.i[i] = x.h[i];
+    return r.v;
+}
+
+#undef _mm512_mask_cmp_ps_mask
+#define _mm512_mask_cmp_ps_mask(k, a, b, p)                                                   \
+    ((simde__mmask16)((k) & simde_mm512_cmp_ps_mask((a), (b), (p))))
+#undef _mm512_maskz_loadu_ps
+#define _mm512_maskz_loadu_ps(k, p) emu_maskz_loadu_ps((k), (p))
+#undef _mm512_mask_loadu_ps
+#define _mm512_mask_loadu_ps(s, k, p) emu_mask_loadu_ps((s), (k), (p))
+#undef _mm512_mask_storeu_ps
+#define _mm512_mask_storeu_ps(p, k, a) emu_mask_storeu_ps((p), (k), (a))
+#undef _mm256_maskz_loadu_epi16
+#define _mm256_maskz_loadu_epi16(k, p) emu_maskz_loadu_epi16((k), (p))
+#undef _mm256_mask_storeu_epi16
+#define _mm256_mask_storeu_epi16(p, k, a) emu_mask_storeu_epi16_256((p), (k), (a))
+#undef _mm512_reduce_add_ps
+#define _mm512_reduce_add_ps(a) emu_reduce_add_ps(a)
+#undef _mm512_reduce_max_ps
+#define _mm512_reduce_max_ps(a) emu_reduce_max_ps(a)
+#undef _mm512_cvtne2ps_pbh
+#define _mm512_cvtne2ps_pbh(a, b) emu_cvtne2ps_pbh((a), (b))
+#undef _mm512_cvtneps_pbh
+#define _mm512_cvtneps_pbh(a) emu_cvtneps_pbh(a)
+#undef _mm512_cvtph_ps
+#define _mm512_cvtph_ps(a) emu_cvtph_ps(a)
+#undef _mm512_cvtps_ph
+#define _mm512_cvtps_ph(a, r) emu_cvtps_ph((a), (r))
+#undef _mm512_cvtepu16_epi32
+#define _mm512_cvtepu16_epi32(a) emu_cvtepu16_epi32(a)
+
+#endif /* MHA_TESTS_AVX512_EMULATION_H */

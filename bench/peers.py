@@ -10,6 +10,7 @@ onnxruntime and onnx (not needed by `make test` or CI; see docs/performance.md):
     python3 -m venv /work/venv/st
     /work/venv/st/bin/pip install torch onnxruntime onnx   # several GB of CUDA wheels
     /work/venv/st/bin/python bench/peers.py [--threads 2] [--rounds 3] [--cases default]
+        [--kernel avx2 --kernel avx512]   # mha's kernels side by side (default: auto)
 
 For each case and each of --rounds rounds, in this order: `mha bench --json`
 (the fused kernel, validated against the reference; forward, --backward,
@@ -146,6 +147,9 @@ def main():
     ap.add_argument("--mha", default=os.path.join(ROOT, os.environ.get("MHA_BUILD", "build"),
                                                    "mha"))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--kernel", action="append", default=None,
+                    help="mha's attention kernel (auto, avx2, avx512; repeat to time several "
+                         "side by side, e.g. --kernel avx2 --kernel avx512); default auto")
     a = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
     os.environ.setdefault("OPENBLAS_NUM_THREADS", str(a.threads))
@@ -168,35 +172,46 @@ def main():
              os.uname().machine))
     hdr = ("case", "mha fwd", "sdpa", "ort", "mha bwd", "sdpa bwd", "mha MHA", "nn.MHA",
            "sdpa/mha", "ort/mha", "bwd/mha", "MHA/mha", "GF/s", "bwd/fwd")
-    print("%-22s" % hdr[0] + "".join("%9s" % x for x in hdr[1:]))
+    print("%-30s" % hdr[0] + "".join("%9s" % x for x in hdr[1:]))
     for case in parse_cases(a.cases):
         B, H, L, d, causal = case
         tp, op = TorchPeer(torch, case), OrtPeer(ort, onnx, np, case, a.threads)
-        runs = {k: [] for k in ("mha", "mha_bwd", "mha_mha", "sdpa", "sdpa_bwd", "nn_mha", "ort")}
+        kernels = a.kernel or ["auto"]
+        runs = {k: [] for k in ("sdpa", "sdpa_bwd", "nn_mha", "ort")}
+        for kern in kernels:
+            for k in ("mha", "mha_bwd", "mha_mha"):
+                runs[(kern, k)] = []
         for _ in range(a.rounds):
-            f = mha_bench(a.mha, case, a.threads, a.reps, [])
-            bw = mha_bench(a.mha, case, a.threads, a.reps, ["--backward"])
-            mm = mha_bench(a.mha, case, a.threads, a.reps, ["--mha"])
-            runs["mha"].append(f["ms"])
-            runs["mha_bwd"].append(bw["ms"])
-            runs["mha_mha"].append(mm["ms"])
+            for kern in kernels:  # mha's kernels interleaved with the peers in each round
+                kx = [] if kern == "auto" else ["--kernel", kern]
+                runs[(kern, "mha")].append(mha_bench(a.mha, case, a.threads, a.reps, kx)["ms"])
+                runs[(kern, "mha_bwd")].append(
+                    mha_bench(a.mha, case, a.threads, a.reps, kx + ["--backward"])["ms"])
+                runs[(kern, "mha_mha")].append(
+                    mha_bench(a.mha, case, a.threads, a.reps, kx + ["--mha"])["ms"])
             runs["sdpa"].append(tp.forward(a.reps))
             runs["sdpa_bwd"].append(tp.backward(a.reps))
             runs["nn_mha"].append(tp.module_forward(a.reps))
             runs["ort"].append(op.forward(a.reps))
-        med = {k: statistics.median(v) for k, v in runs.items()}
         flops = 4.0 * B * H * L * L * d / (2.0 if causal else 1.0)
-        name = "B%d H%d L%d d%d%s" % (B, H, L, d, " causal" if causal else "")
-        row = [med["mha"], med["sdpa"], med["ort"], med["mha_bwd"], med["sdpa_bwd"],
-               med["mha_mha"], med["nn_mha"], med["sdpa"] / med["mha"], med["ort"] / med["mha"],
-               med["sdpa_bwd"] / med["mha_bwd"], med["nn_mha"] / med["mha_mha"],
-               flops / (med["mha"] * 1e6), med["mha_bwd"] / med["mha"]]
-        print("%-22s" % name + "".join("%9.2f" % x for x in row), flush=True)
-        if a.json:
-            print(json.dumps({"B": B, "H": H, "L": L, "d": d, "causal": causal,
-                              "threads": a.threads, "ms": {k: round(v, 4) for k, v in med.items()},
-                              "torch": torch.__version__, "onnxruntime": ort.__version__}),
-                  flush=True)
+        for kern in kernels:
+            med = {k: statistics.median(runs[k]) for k in ("sdpa", "sdpa_bwd", "nn_mha", "ort")}
+            for k in ("mha", "mha_bwd", "mha_mha"):
+                med[k] = statistics.median(runs[(kern, k)])
+            name = "B%d H%d L%d d%d%s%s" % (B, H, L, d, " causal" if causal else "",
+                                            "" if kern == "auto" else " " + kern)
+            row = [med["mha"], med["sdpa"], med["ort"], med["mha_bwd"], med["sdpa_bwd"],
+                   med["mha_mha"], med["nn_mha"], med["sdpa"] / med["mha"],
+                   med["ort"] / med["mha"], med["sdpa_bwd"] / med["mha_bwd"],
+                   med["nn_mha"] / med["mha_mha"], flops / (med["mha"] * 1e6),
+                   med["mha_bwd"] / med["mha"]]
+            print("%-30s" % name + "".join("%9.2f" % x for x in row), flush=True)
+            if a.json:
+                print(json.dumps({"B": B, "H": H, "L": L, "d": d, "causal": causal,
+                                  "kernel": kern, "threads": a.threads,
+                                  "ms": {k: round(v, 4) for k, v in med.items()},
+                                  "torch": torch.__version__, "onnxruntime": ort.__version__}),
+                      flush=True)
     return 0
 
 

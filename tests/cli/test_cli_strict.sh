@@ -46,6 +46,22 @@ for v in ref scalar avx2 auto; do
         --query "$F/q.npy" --out "$T/y_$v.npy" 2>"$T/stderr"; then ok
     else ko "MHA_KERNEL=$v rejected: $(head -c 200 "$T/stderr")"; fi
 done
+# avx512: runs where the CPU has AVX-512 F/DQ/BW/VL, else exit 2 naming
+# AVX-512 and no output file (never a silent fallback to avx2)
+flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
+has512=yes
+for f in avx512f avx512dq avx512bw avx512vl; do
+    case " $flags " in *" $f "*) ;; *) has512=no ;; esac
+done
+if [ "$has512" = yes ]; then
+    if env MHA_KERNEL=avx512 "$MHA" forward --weights "$F/w.safetensors" --heads 2 \
+        --query "$F/q.npy" --out "$T/y_avx512.npy" 2>"$T/stderr"; then ok
+    else ko "MHA_KERNEL=avx512 rejected on an AVX-512 CPU: $(head -c 200 "$T/stderr")"; fi
+else
+    expect 2 "lacks AVX-512" env MHA_KERNEL=avx512 "$MHA" forward --weights "$F/w.safetensors" \
+        --heads 2 --query "$F/q.npy" --out "$T/y_avx512.npy"
+    [ ! -e "$T/y_avx512.npy" ] && ok || ko "a refused avx512 run left $T/y_avx512.npy"
+fi
 for v in blas avx2 portable auto; do
     if env MHA_GEMM=$v "$MHA" forward --weights "$F/w.safetensors" --heads 2 \
         --query "$F/q.npy" --out "$T/yg_$v.npy" 2>"$T/stderr"; then ok

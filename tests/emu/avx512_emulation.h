@@ -130,6 +130,25 @@ static inline simde__m512i emu_cvtepu16_epi32(simde__m256i a) {
     return r.v;
 }
 
+/* The aligned forms fault natively on an address not 64-byte aligned;
+ * SIMDe's would not, so the emulation traps instead (a test then crashes
+ * loudly rather than passing code that faults on an AVX-512 CPU). */
+static inline const void *emu_aligned64(const void *p) {
+    if ((uintptr_t)p & 63u)
+        __builtin_trap();
+    return p;
+}
+#undef _mm512_load_ps
+#define _mm512_load_ps(p) simde_mm512_load_ps(emu_aligned64(p))
+#undef _mm512_store_ps
+#define _mm512_store_ps(p, a) simde_mm512_store_ps((void *)emu_aligned64(p), (a))
+#undef _mm512_load_si512
+#define _mm512_load_si512(p) simde_mm512_load_si512(emu_aligned64(p))
+#undef _mm512_store_si512
+#define _mm512_store_si512(p, a) simde_mm512_store_si512((void *)emu_aligned64(p), (a))
+#undef _mm512_stream_ps
+#define _mm512_stream_ps(p, a) simde_mm512_store_ps((void *)emu_aligned64(p), (a))
+
 #undef _mm512_mask_cmp_ps_mask
 #define _mm512_mask_cmp_ps_mask(k, a, b, p)                                                   \
     ((simde__mmask16)((k) & simde_mm512_cmp_ps_mask((a), (b), (p))))

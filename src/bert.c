@@ -30,7 +30,10 @@
  *   With AVX2+FMA: the layers' products on weights packed once at load
  *   (pack_weights; src/kernels/gemm_packed*.c: q|k|v as one product, the
  *   residual added in place, GELU in the epilogue), the short-text
- *   attention (src/kernels/attention_short*.c) and AVX2 LayerNorm rows.
+ *   attention (src/kernels/attention_short*.c) and AVX2 LayerNorm rows;
+ *   the products take the 8x24 AVX-512 block when the attention kernel in
+ *   force (MHA_KERNEL, AUTO on an AVX-512 CPU) is avx512 - the same bits
+ *   as the AVX2 block, GELU included (gemm_packed_avx512.c).
  *   Otherwise, or when MHA_GEMM / MHA_KERNEL ask for the reference paths:
  *   mha_linear_f32, mha_sdpa_forward (B = 1 strided views),
  *   mha_layernorm_forward, mha_activation_forward.
@@ -81,7 +84,8 @@ typedef struct bert_layer {
     const float *o_w, *o_b, *ln1_w, *ln1_b;          /* (D,D), (D) x3      */
     const float *i_w, *i_b;                          /* (F,D), (F)         */
     const float *out_w, *out_b, *ln2_w, *ln2_b;      /* (D,F), (D) x3      */
-    /* the same products packed for gemm_packed_avx2.c (NULL without AVX2):
+    /* the same products packed for gemm_packed_avx2.c and _avx512.c (one
+     * layout; NULL without AVX2):
      * q|k|v fused, (3D,D) with its bias (3D); o (D,D); i (F,D); out (D,F) */
     float *qkv_p, *qkv_b, *o_p, *i_p, *out_p;
 } bert_layer;
@@ -606,7 +610,10 @@ static mha_status product(const mha_bert *m, const bert_layer *w, bert_proj whic
                           : which == PROJ_I ? w->i_p : w->out_p;
         const float *b = which == PROJ_QKV ? w->qkv_b : which == PROJ_O ? w->o_b
                          : which == PROJ_I ? w->i_b : w->out_b;
-        mha_gemm_packed_f32_avx2(y, N, x, K, wp, b, T, N, K, accumulate, act);
+        if (mha_kernel_resolve(MHA_KERNEL_AUTO) == MHA_KERNEL_AVX512 && mha_avx512_runs())
+            mha_gemm_packed_f32_avx512(y, N, x, K, wp, b, T, N, K, accumulate, act);
+        else
+            mha_gemm_packed_f32_avx2(y, N, x, K, wp, b, T, N, K, accumulate, act);
         return MHA_OK;
     }
     switch (which) {

@@ -29,7 +29,30 @@
 
 #include "../internal.h"
 
-enum { MHA_PACK_NR = 24 };
+enum { MHA_PACK_NR = 24, MHA_PACK_MR_MAX = 8 };
+
+/* One ISA's register block: c (mr, NR) rows ldc apart op= a (mr, kc) .
+ * b (kc, NR), b a packed panel slice (rows NR floats apart), a's rows the
+ * pointers a[0..mr).  first: the sums start from bias (NR floats) [+ c when
+ * accumulate], otherwise from c; gelu: GELU before the store (the last k
+ * slice).  The driver (gemm_packed.c, mha_gemm_packed_run) owns the loop
+ * nest, tails and threads. */
+typedef struct mha_gemm_packed_isa {
+    int mr; /* rows per block, <= MHA_PACK_MR_MAX */
+    void (*block)(int64_t kc, const float *const *a, const float *b, float *c, int64_t ldc,
+                  const float *bias, int first, int accumulate, int gelu);
+} mha_gemm_packed_isa;
+
+/* The 4x24 AVX2 block (gemm_packed_avx2.c) and the 8x24 AVX-512 one
+ * (gemm_packed_avx512.c; check mha_avx512_runs(), take it with
+ * MHA_AVX512_PICK). */
+extern const mha_gemm_packed_isa mha_gemm_packed_isa_avx2;
+MHA_AVX512_DECLARE(mha_gemm_packed_isa, mha_gemm_packed_isa_avx512);
+
+/* The product below on isa's block. */
+void mha_gemm_packed_run(const mha_gemm_packed_isa *isa, float *y, int64_t ldy, const float *x,
+                         int64_t ldx, const float *wp, const float *bias, int64_t M, int64_t N,
+                         int64_t K, int accumulate, int gelu);
 
 /* Floats of w (N,K) once packed: ceil(N/NR) * NR * K. */
 int64_t mha_gemm_packed_floats(int64_t N, int64_t K);
@@ -42,14 +65,18 @@ float mha_gelu_as_f32(float x);
 
 /* y (M,N) rows ldy apart = [y +] bias (N or NULL) + x (M,K) rows ldx apart
  * times wp^T, then GELU when gelu != 0.  Threads over row x column tasks.
- * _ref: the reference loop (fmaf); _avx2: the 4x24 kernel, only after a
- * CPU check.  Neither allocates. */
+ * _ref: the reference loop (fmaf); _avx2: the 4x24 block, only after a CPU
+ * check; _avx512: the 8x24 block, only after mha_avx512_runs().  None
+ * allocates. */
 void mha_gemm_packed_f32_ref(float *y, int64_t ldy, const float *x, int64_t ldx,
                              const float *wp, const float *bias, int64_t M, int64_t N,
                              int64_t K, int accumulate, int gelu);
 void mha_gemm_packed_f32_avx2(float *y, int64_t ldy, const float *x, int64_t ldx,
                               const float *wp, const float *bias, int64_t M, int64_t N,
                               int64_t K, int accumulate, int gelu);
+void mha_gemm_packed_f32_avx512(float *y, int64_t ldy, const float *x, int64_t ldx,
+                                const float *wp, const float *bias, int64_t M, int64_t N,
+                                int64_t K, int accumulate, int gelu);
 
 /* For tests: GELU of n floats through the avx2 kernel's vector code. */
 void mha_gelu_as_f32_avx2(float *y, const float *x, int64_t n);

@@ -5,33 +5,21 @@
  * for bit (tests/unit/test_gemm_packed.c).
  *
  * Letters: M rows of x and y, N output features, K input features; MR x NR
- * = 4 x 24 register block, KC the k slice, MC rows and NP panels per task.
+ * = 4 x 24 register block.  The loop nest around it (k slices, row and
+ * panel tasks, tails, threads) is mha_gemm_packed_run in gemm_packed.c.
  *
- * ref: K. Goto, R. van de Geijn, "Anatomy of High-Performance Matrix
- * Multiplication", ACM TOMS 34(3), 2008 (the loop nest); the 4x24 block is
- * the one MLAS and OpenBLAS's Haswell sgemm also offer beside 6x16.
- *
- *   per task (MC rows x NP panels), per KC slice, per panel: the kernel
- *   walks the task's rows 4 at a time with the panel's KC x 24 slice (36
- *   KiB, L1/L2) and x read in place through 4 row pointers (any ldx), so
- *   nothing is packed per call and nothing is allocated;
- *   4x24 keeps 12 YMM accumulators, loads 3 YMM of the panel and broadcasts
- *   4 floats of x per k: 12 FMAs per 7 loads.  Measured on a Zen 1 core
- *   (one 256-bit FMA per cycle) at 92-95 % of the FMA loop's rate, against
- *   85-91 % for 6x16 (12 FMAs per 8 loads) on the same packed panels.
- *
- * Sizes: KC = 384 (one slice for K = 384, four for K = 1536; a panel slice
- * is 36 KiB); MC <= 144 rows (x block MC x KC = 216 KiB and the y tile in
- * L2), NP = 16 panels (384 columns).  The blocking never changes a bit:
- * every element is one FMA chain in k order (gemm_packed.h), stored and
- * reloaded unchanged between slices.
+ * The 4x24 block is the one MLAS and OpenBLAS's Haswell sgemm also offer
+ * beside 6x16.  It keeps 12 YMM accumulators, loads 3 YMM of the panel and
+ * broadcasts 4 floats of x per k: 12 FMAs per 7 loads.  Measured on a Zen 1
+ * core (one 256-bit FMA per cycle) at 92-95 % of the FMA loop's rate,
+ * against 85-91 % for 6x16 (12 FMAs per 8 loads) on the same packed panels.
  */
 #include "gemm_packed.h"
 #include "simd_avx2.h" /* gelu256 */
 
-#include <string.h>
+#include <string.h> /* mha_gelu_as_f32_avx2's tail */
 
-enum { MR = 4, NR = MHA_PACK_NR, KC = 384, MC = 144, NP = 16 };
+enum { MR = 4, NR = MHA_PACK_NR };
 
 /* c (MR, NR) rows ldc apart op= a (MR, kc) . b (kc, NR), b a packed panel
  * slice, a rows the pointers a[0..3].  first: the accumulators start from
@@ -81,7 +69,7 @@ kernel_4x24(int64_t kc, const float *const a[MR], const float *b, float *c, int6
 }
 
 /* The kernel with its flags as constants (one copy per combination). */
-static void kernel_dispatch(int64_t kc, const float *const a[MR], const float *b, float *c,
+static void kernel_dispatch(int64_t kc, const float *const *a, const float *b, float *c,
                             int64_t ldc, const float *bias, int first, int accumulate,
                             int gelu) {
     if (first && accumulate)
@@ -95,84 +83,7 @@ static void kernel_dispatch(int64_t kc, const float *const a[MR], const float *b
              : kernel_4x24(kc, a, b, c, ldc, bias, 0, 0, 0);
 }
 
-typedef struct packed_gemm {
-    float *y;
-    int64_t ldy;
-    const float *x;
-    int64_t ldx;
-    const float *wp, *bias;
-    int64_t M, N, K;
-    int accumulate, gelu;
-} packed_gemm;
-
-/* Rows [r0, r0+mc) x panels [p0, p0+np) of y, all of K. */
-static void packed_task(const packed_gemm *g, int64_t r0, int64_t mc, int64_t p0, int64_t np) {
-    float t[MR * NR] __attribute__((aligned(32))) = {0};
-    float bias_pad[NR];
-    const int64_t K = g->K;
-    for (int64_t k0 = 0; k0 < K; k0 += KC) {
-        const int64_t kc = K - k0 < KC ? K - k0 : KC;
-        const int first = k0 == 0, gelu = g->gelu && k0 + kc == K;
-        for (int64_t p = p0; p < p0 + np; p++) {
-            const int64_t n0 = p * NR, nr = g->N - n0 < NR ? g->N - n0 : NR;
-            const float *b = g->wp + (n0 * K + k0 * NR); /* panel p, row k0 */
-            const float *bias = g->bias ? g->bias + n0 : NULL;
-            if (!bias || nr < NR) { /* zeros past N (and without bias) */
-                memset(bias_pad, 0, sizeof bias_pad);
-                if (g->bias)
-                    memcpy(bias_pad, g->bias + n0, sizeof(float) * (size_t)nr);
-                bias = bias_pad;
-            }
-            for (int64_t i = 0; i < mc; i += MR) {
-                const int64_t mr = mc - i < MR ? mc - i : MR;
-                const float *a[MR];
-                for (int r = 0; r < MR; r++) /* rows past mr repeat row 0, dropped below */
-                    a[r] = g->x + (r0 + i + (r < mr ? r : 0)) * g->ldx + k0;
-                float *c = g->y + (r0 + i) * g->ldy + n0;
-                if (mr == MR && nr == NR) {
-                    kernel_dispatch(kc, a, b, c, g->ldy, bias, first, g->accumulate, gelu);
-                    continue;
-                }
-                /* a partial block through a full tile: the same arithmetic */
-                if (!first || g->accumulate)
-                    for (int64_t r = 0; r < mr; r++)
-                        memcpy(t + r * NR, c + r * g->ldy, sizeof(float) * (size_t)nr);
-                kernel_dispatch(kc, a, b, t, NR, bias, first, g->accumulate, gelu);
-                for (int64_t r = 0; r < mr; r++)
-                    memcpy(c + r * g->ldy, t + r * NR, sizeof(float) * (size_t)nr);
-            }
-        }
-    }
-}
-
-void mha_gemm_packed_f32_avx2(float *y, int64_t ldy, const float *x, int64_t ldx,
-                              const float *wp, const float *bias, int64_t M, int64_t N,
-                              int64_t K, int accumulate, int gelu) {
-    if (M <= 0 || N <= 0)
-        return;
-    if (K <= 0) { /* no products: the sum is its start, then GELU */
-        mha_gemm_packed_f32_ref(y, ldy, x, ldx, wp, bias, M, N, K, accumulate, gelu);
-        return;
-    }
-    const packed_gemm g = {y, ldy, x, ldx, wp, bias, M, N, K, accumulate != 0, gelu != 0};
-    /* tasks of about MC rows (a multiple of MR, evened out over the row
-     * blocks) x NP panels; which thread runs which task changes no bit */
-    const int64_t P = (N + NR - 1) / NR, npb = (P + NP - 1) / NP, np = (P + npb - 1) / npb;
-    const int64_t nmb = (M + MC - 1) / MC;
-    const int64_t mc = ((M + nmb - 1) / nmb + MR - 1) / MR * MR;
-    const int64_t tasks = nmb * npb;
-    int nt = mha_threads();
-    if (nt > tasks)
-        nt = (int)tasks;
-    if ((double)M * (double)N * (double)K < 2.0e6) /* not worth waking threads */
-        nt = 1;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-    for (int64_t t = 0; t < tasks; t++) {
-        const int64_t r0 = t / npb * mc, p0 = t % npb * np;
-        if (r0 < M)
-            packed_task(&g, r0, M - r0 < mc ? M - r0 : mc, p0, P - p0 < np ? P - p0 : np);
-    }
-}
+const mha_gemm_packed_isa mha_gemm_packed_isa_avx2 = {MR, kernel_dispatch};
 
 void mha_gelu_as_f32_avx2(float *y, const float *x, int64_t n) {
     int64_t i = 0;

@@ -66,4 +66,25 @@ static inline __m512 exp512(__m512 x) {
     return _mm512_maskz_mov_ps((__mmask16)~under, _mm512_scalef_ps(y, n));
 }
 
+/* GELU 0.5 x (1 + erf(x / sqrt 2)): gelu256 (simd_avx2.h) 16 lanes wide,
+ * the same operations in the same order, so the same bits lane for lane
+ * (exp512's vscalefps multiplies by the same power of two as exp256's
+ * exponent field). */
+static inline __m512 gelu512(__m512 x) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 z = _mm512_mul_ps(x, _mm512_set1_ps(0.70710678118654752f));
+    const __m512 a = _mm512_abs_ps(z);
+    const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(_mm512_set1_ps(0.3275911f), a, one));
+    __m512 r = _mm512_fmadd_ps(_mm512_set1_ps(1.061405429f), t, _mm512_set1_ps(-1.453152027f));
+    r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(1.421413741f));
+    r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(-0.284496736f));
+    r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(0.254829592f));
+    const __m512 e = _mm512_mul_ps(_mm512_mul_ps(r, t), exp512(_mm512_xor_ps(_mm512_set1_ps(-0.0f),
+                                                                               _mm512_mul_ps(a, a))));
+    const __mmask16 neg = _mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_LT_OQ);
+    const __m512 one_plus_erf =
+        _mm512_mask_mov_ps(_mm512_sub_ps(_mm512_set1_ps(2.0f), e), neg, e);
+    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), one_plus_erf);
+}
+
 #endif /* MHA_KERNELS_SIMD_AVX512_H */

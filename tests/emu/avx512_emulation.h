@@ -149,6 +149,33 @@ static inline const void *emu_aligned64(const void *p) {
 #undef _mm512_stream_ps
 #define _mm512_stream_ps(p, a) simde_mm512_store_ps((void *)emu_aligned64(p), (a))
 
+/* VRNDSCALEPS with M = 0 (round to an integer; the only form the kernels
+ * use): SIMDe 0.7.4's version keeps a fraction bit for some immediates. */
+static inline simde__m512 emu_roundscale_ps(simde__m512 a, int imm) {
+    if (imm >> 4)
+        __builtin_trap(); /* M > 0: not emulated */
+    emu_ps x = {.v = a};
+    for (int i = 0; i < 16; i++) {
+        const float f = x.f[i];
+        switch (imm & 4 ? 0 : imm & 3) { /* bit 2: MXCSR's mode (the kernels never ask) */
+        case 0: { /* to nearest even, whatever the current rounding mode */
+            float r = __builtin_floorf(f);
+            const float frac = f - r; /* exact */
+            if (frac > 0.5f || (frac == 0.5f && __builtin_fmodf(r, 2.0f) != 0.0f))
+                r += 1.0f;
+            x.f[i] = r;
+            break;
+        }
+        case 1: x.f[i] = __builtin_floorf(f); break;
+        case 2: x.f[i] = __builtin_ceilf(f); break;
+        default: x.f[i] = __builtin_truncf(f); break;
+        }
+    }
+    return x.v;
+}
+#undef _mm512_roundscale_ps
+#define _mm512_roundscale_ps(a, imm) emu_roundscale_ps((a), (imm))
+
 #undef _mm512_mask_cmp_ps_mask
 #define _mm512_mask_cmp_ps_mask(k, a, b, p)                                                   \
     ((simde__mmask16)((k) & simde_mm512_cmp_ps_mask((a), (b), (p))))

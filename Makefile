@@ -127,7 +127,8 @@ LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_SRC   := $(wildcard cli/*.c)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_SRC  := $(wildcard tests/unit/*.c)
-TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/cli/seeds.o $(BUILD)/cli/render.o
+TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/cli/seeds.o $(BUILD)/cli/render.o \
+             $(BUILD)/tests/emu/emu_selftest.o
 
 STATIC := $(BUILD)/libmha.a
 SHARED := $(BUILD)/libmha.so.$(VERSION)
@@ -204,6 +205,9 @@ ifeq ($(HAVE_SIMDE),yes)
   ifeq ($(COV),1)
     $(BUILD)/src/%.o: CFLAGS_ += -DMHA_HAVE_AVX512_EMULATION
   endif
+  $(BUILD)/tests/emu/emu_selftest.o: CFLAGS_ += $(AVX2_FLAGS) -Wno-psabi -DMHA_AVX512_EMULATED \
+                                                -Itests/emu -Isrc/kernels
+  $(BUILD)/tests/unit/test_avx512.o: CFLAGS_ += -DMHA_HAVE_AVX512_EMULATION
   $(TEST_BUILD)/src/kernels/%_emu.o: src/kernels/%.c tests/emu/avx512_emulation.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_) $(AVX2_FLAGS) -Wno-psabi -DMHA_AVX512_EMULATED -Itests/emu -c $< -o $@

@@ -163,7 +163,7 @@ static inline simde__m512 emu_roundscale_ps(simde__m512 a, int imm) {
             const float frac = f - r; /* exact */
             if (frac > 0.5f || (frac == 0.5f && __builtin_fmodf(r, 2.0f) != 0.0f))
                 r += 1.0f;
-            x.f[i] = r;
+            x.f[i] = __builtin_copysignf(r, f); /* -0.5 rounds to -0 */
             break;
         }
         case 1: x.f[i] = __builtin_floorf(f); break;

@@ -11,6 +11,19 @@
 
 #include <math.h>
 
+int mha_emu_selftest(char *msg, size_t n); /* tests/emu/emu_selftest.c */
+
+/* The emulation itself against Intel's definitions on edge cases (NaN
+ * operand order, rounding modes, single rounding, bf16 lane order). */
+TEST(avx512_emulation_is_faithful) {
+    char msg[200];
+    const int rc = mha_emu_selftest(msg, sizeof msg);
+    if (rc < 0)
+        SKIP("no AVX-512 emulation in this build (libsimde-dev absent)");
+    if (rc != 0)
+        test_fail(__FILE__, __LINE__, "emulation: %s", msg);
+}
+
 /* One SDPA (B=1, H=2, L=37, S=53, d=40, dv=24) on kernel; out (2*37*24). */
 static mha_status sdpa_on(mha_kernel kernel, float *out) {
     enum { H = 2, L = 37, S = 53, D = 40, DV = 24 };

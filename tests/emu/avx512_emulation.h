@@ -158,4 +158,31 @@ static inline simde__m512i emu_cvtepu16_epi32(simde__m256i a) {
 #undef _mm512_cvtepu16_epi32
 #define _mm512_cvtepu16_epi32(a) emu_cvtepu16_epi32(a)
 
+/* ---- vrndscaleps (_mm512_roundscale_ps) -------------------------------- *
+ * SIMDe 0.7's macro reads imm8 unparenthesised ((imm8 >> 4) & 15), so
+ * _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC keeps one fraction bit (floor to
+ * a multiple of 0.5).  Written from Intel's pseudocode instead: M = imm8[7:4]
+ * fraction bits kept, imm8[2] the current rounding mode else imm8[1:0]
+ * (nearest even, down, up, toward zero); NaN and infinity pass through. */
+#include <math.h>
+static inline simde__m512 emu_roundscale_ps(simde__m512 a, int imm8) {
+    emu_ps x = {.v = a};
+    const int m = (imm8 >> 4) & 15;
+    for (int i = 0; i < 16; i++) {
+        const float v = x.f[i];
+        if (!isfinite(v) || fabsf(v) >= ldexpf(1.0f, 23 - m))
+            continue; /* NaN, inf, or already a multiple of 2^-M */
+        const float s = ldexpf(v, m), f = floorf(s); /* |s| < 2^23: s - f exact */
+        float r = (imm8 & 4) ? rintf(s) : (imm8 & 3) == 1 ? f : (imm8 & 3) == 2 ? ceilf(s)
+                                        : (imm8 & 3) == 3 ? truncf(s)
+                                        : s - f > 0.5f || (s - f == 0.5f && fmodf(f, 2.0f) != 0.0f)
+                                            ? f + 1.0f
+                                            : f; /* nearest, ties to even */
+        x.f[i] = copysignf(ldexpf(r, -m), v); /* -0.3 to nearest is -0 */
+    }
+    return x.v;
+}
+#undef _mm512_roundscale_ps
+#define _mm512_roundscale_ps(a, imm8) emu_roundscale_ps((a), (imm8))
+
 #endif /* MHA_TESTS_AVX512_EMULATION_H */

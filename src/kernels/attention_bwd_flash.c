@@ -1,6 +1,6 @@
 /* attention_bwd_flash.c - fused (flash-style) attention backward: the driver
  * shared by every ISA, and the portable inner loops (attention_bwd_avx2.c has
- * the AVX2+FMA ones).
+ * the AVX2+FMA ones, attention_bwd_avx512.c the AVX-512 ones).
  *
  * Letter legend: B batch, Hq query heads, Hkv kv heads, L query length,
  * S key length, d head dim of q/k, dv head dim of v, G = Hq/Hkv; tiles of

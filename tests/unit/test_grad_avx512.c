@@ -43,6 +43,7 @@ static const bwd512_cfg CASES[] = {
 };
 
 typedef struct bwd512_case {
+    int64_t shape[4][4]; /* q, k, v, dout */
     mha_tensor q, k, v, dout, mask, kpm;
     float *data[4], *md, *kd;
     mha_sdpa_options opt;
@@ -54,6 +55,7 @@ static void case_make(bwd512_case *t, const bwd512_cfg *c, uint64_t seed) {
                                   {c->B, c->Hkv, c->S, c->d},
                                   {c->B, c->Hkv, c->S, c->dv},
                                   {c->B, c->Hq, c->L, c->dv}};
+    memcpy(t->shape, shapes, sizeof shapes);
     mha_tensor *dst[4] = {&t->q, &t->k, &t->v, &t->dout};
     for (int x = 0; x < 4; x++)
         t->data[x] = test_tensor(dst[x], 4, shapes[x], seed * 8 + (uint64_t)x);
@@ -93,15 +95,16 @@ static size_t numel(const mha_tensor *t) {
 
 /* dq, dk, dv (fresh, zeroed; caller frees) on `kernel` at `threads`. */
 static mha_status grads(bwd512_case *t, mha_kernel kernel, int threads, mha_tensor g[3]) {
-    const mha_tensor *in[3] = {&t->q, &t->k, &t->v};
-    for (int x = 0; x < 3; x++)
-        if (mha_tensor_create(&g[x], MHA_F32, 4, in[x]->shape) != MHA_OK)
-            return MHA_ERR_NOMEM;
+    mha_status st = MHA_OK;
+    for (int x = 0; x < 3; x++) /* all three created, so free3 is always safe */
+        if (mha_tensor_create(&g[x], MHA_F32, 4, t->shape[x]) != MHA_OK)
+            st = MHA_ERR_NOMEM;
     mha_sdpa_options o = t->opt;
     o.kernel = kernel;
     mha_set_num_threads(threads);
-    mha_status st =
-        mha_sdpa_backward(&g[0], &g[1], &g[2], &t->dout, NULL, NULL, &t->q, &t->k, &t->v, &o);
+    if (st == MHA_OK)
+        st = mha_sdpa_backward(&g[0], &g[1], &g[2], &t->dout, NULL, NULL, &t->q, &t->k, &t->v,
+                               &o);
     mha_set_num_threads(0);
     return st;
 }
@@ -111,7 +114,7 @@ static void free3(mha_tensor g[3]) {
         mha_tensor_free(&g[x]);
 }
 
-/* Count of differing bits-patterns over the three gradients. */
+/* Elements whose bit patterns differ, over the three gradients. */
 static size_t differ3(mha_tensor a[3], mha_tensor b[3]) {
     size_t n = 0;
     for (int x = 0; x < 3; x++) {

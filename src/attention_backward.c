@@ -5,8 +5,9 @@
  *
  * The problem is resolved exactly as mha_sdpa_forward resolves it (scale,
  * causal alignment, mask broadcast, key padding, dropout), then handed to
- * mha_attn_bwd_f32_ref (kernel REF), mha_attn_bwd_f32_scalar (SCALAR) or
- * mha_attn_bwd_f32_avx2 (AVX2; AUTO picks the best the CPU runs).
+ * mha_attn_bwd_f32_ref (kernel REF), mha_attn_bwd_f32_scalar (SCALAR),
+ * mha_attn_bwd_f32_avx2 (AVX2) or mha_attn_bwd_f32_avx512 (AVX512; AUTO
+ * picks the best the CPU runs).
  */
 #include "internal.h"
 #include "kernels/attention_bwd.h"

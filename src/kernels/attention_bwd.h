@@ -43,7 +43,7 @@ mha_status mha_attn_bwd_f32_ref(const mha_attn_problem *p, const mha_attn_grad *
  * fixed-order reductions; an ISA supplies the two inner loops below. */
 enum {
     MHA_BWD_MR = 6,  /* rows per register block                    */
-    MHA_BWD_NR = 16, /* columns per register block (2 YMM)         */
+    MHA_BWD_NR = 16, /* columns per register block (2 YMM, 1 ZMM)  */
     MHA_BWD_BR = 48, /* query rows per tile (8 register blocks)     */
     MHA_BWD_BC = 96  /* keys per block (6 panels, 16 register rows) */
 };
@@ -68,8 +68,8 @@ typedef struct mha_bwd_isa {
  * builds the L x S matrix; deterministic for any thread count. */
 mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad *g,
                                   const mha_bwd_isa *isa);
-/* The fused backward on the portable inner loops, and on AVX2+FMA
- * (MHA_ERR_UNSUPPORTED when the CPU lacks them). */
+/* The fused backward on the portable inner loops, on AVX2+FMA and on
+ * AVX-512 (MHA_ERR_UNSUPPORTED when the CPU lacks them). */
 mha_status mha_attn_bwd_f32_scalar(const mha_attn_problem *p, const mha_attn_grad *g);
 mha_status mha_attn_bwd_f32_avx2(const mha_attn_problem *p, const mha_attn_grad *g);
 mha_status mha_attn_bwd_f32_avx512(const mha_attn_problem *p, const mha_attn_grad *g);
@@ -81,7 +81,7 @@ extern const mha_bwd_isa mha_bwd_isa_avx2;
 MHA_AVX512_DECLARE(mha_bwd_isa, mha_bwd_isa_avx512);
 
 /* Runs a validated backward on the requested kernel: REF the reference,
- * SCALAR/AVX2 the fused backward (AUTO resolves as the forward does). */
+ * SCALAR/AVX2/AVX512 the fused backward (AUTO resolves as the forward does). */
 mha_status mha_attn_bwd_run(const mha_attn_problem *p, const mha_attn_grad *g,
                             mha_kernel kernel);
 

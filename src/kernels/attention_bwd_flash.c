@@ -1,6 +1,6 @@
 /* attention_bwd_flash.c - fused (flash-style) attention backward: the driver
  * shared by every ISA, and the portable inner loops (attention_bwd_avx2.c has
- * the AVX2+FMA ones).
+ * the AVX2+FMA ones, attention_bwd_avx512.c the AVX-512 ones).
  *
  * Letter legend: B batch, Hq query heads, Hkv kv heads, L query length,
  * S key length, d head dim of q/k, dv head dim of v, G = Hq/Hkv; tiles of
@@ -589,6 +589,5 @@ mha_status mha_attn_bwd_f32_avx2(const mha_attn_problem *p, const mha_attn_grad 
 mha_status mha_attn_bwd_f32_avx512(const mha_attn_problem *p, const mha_attn_grad *g) {
     MHA_CHECK(mha_avx512_runs(), MHA_ERR_UNSUPPORTED,
               "kernel: avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)");
-    /* INTERIM: the AVX2 loops until attention_bwd_avx512.c lands */
-    return mha_attn_bwd_flash_run(p, g, &mha_bwd_isa_avx2);
+    return mha_attn_bwd_flash_run(p, g, MHA_AVX512_PICK(mha_bwd_isa_avx512));
 }

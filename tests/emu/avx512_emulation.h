@@ -150,7 +150,9 @@ static inline const void *emu_aligned64(const void *p) {
 #define _mm512_stream_ps(p, a) simde_mm512_store_ps((void *)emu_aligned64(p), (a))
 
 /* VRNDSCALEPS with M = 0 (round to an integer; the only form the kernels
- * use): SIMDe 0.7.4's version keeps a fraction bit for some immediates. */
+ * use): SIMDe 0.7.4's macro reads imm8 unparenthesised ((imm8 >> 4) & 15 of
+ * `_MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC`), so it kept a fraction bit
+ * (floor to a multiple of 0.5). */
 static inline simde__m512 emu_roundscale_ps(simde__m512 a, int imm) {
     if (imm >> 4)
         __builtin_trap(); /* M > 0: not emulated */

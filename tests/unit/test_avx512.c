@@ -24,8 +24,12 @@ TEST(avx512_emulation_is_faithful) {
         test_fail(__FILE__, __LINE__, "emulation: %s", msg);
 }
 
-/* One SDPA (B=1, H=2, L=37, S=53, d=40, dv=24) on kernel; out (2*37*24). */
-static mha_status sdpa_on(mha_kernel kernel, float *out) {
+enum { GRAD_FLOATS = 2 * 37 * 40 + 2 * 53 * (40 + 24) }; /* dq, dk, dv of sdpa_on */
+
+/* One SDPA (B=1, H=2, L=37, S=53, d=40, dv=24) on kernel; out (2*37*24).
+ * With grad: its backward instead, out the upstream gradient, and grad
+ * dq (2*37*40), dk (2*53*40), dv (2*53*24) one after another, added into. */
+static mha_status sdpa_on(mha_kernel kernel, float *out, float *grad) {
     enum { H = 2, L = 37, S = 53, D = 40, DV = 24 };
     static float q[H * L * D], k[H * S * D], v[H * S * DV];
     test_randn(q, H * L * D, 11), test_randn(k, H * S * D, 12), test_randn(v, H * S * DV, 13);
@@ -34,7 +38,11 @@ static mha_status sdpa_on(mha_kernel kernel, float *out) {
     mha_sdpa_options opt;
     mha_sdpa_options_init(&opt);
     opt.kernel = kernel;
-    return mha_sdpa_forward(&O, &Q, &K, &V, &opt);
+    if (!grad)
+        return mha_sdpa_forward(&O, &Q, &K, &V, &opt);
+    mha_tensor dQ = test_view4(grad, 1, H, L, D), dK = test_view4(grad + H * L * D, 1, H, S, D);
+    mha_tensor dV = test_view4(grad + H * L * D + H * S * D, 1, H, S, DV);
+    return mha_sdpa_backward(&dQ, &dK, &dV, &O, NULL, NULL, &Q, &K, &V, &opt);
 }
 
 TEST(avx512_native_kernel) {
@@ -45,9 +53,13 @@ TEST(avx512_native_kernel) {
     if (!env || !*env)
         CHECK(mha_kernel_resolve(MHA_KERNEL_AUTO) == MHA_KERNEL_AVX512);
     static float ref[2 * 37 * 24], got[2 * 37 * 24];
-    REQUIRE_OK(sdpa_on(MHA_KERNEL_REF, ref));
-    REQUIRE_OK(sdpa_on(MHA_KERNEL_AVX512, got));
+    REQUIRE_OK(sdpa_on(MHA_KERNEL_REF, ref, NULL));
+    REQUIRE_OK(sdpa_on(MHA_KERNEL_AVX512, got, NULL));
     CHECK(test_rel_err(got, ref, 2 * 37 * 24) <= 1e-5);
+    static float gref[GRAD_FLOATS], ggot[GRAD_FLOATS]; /* zero: the backward adds */
+    REQUIRE_OK(sdpa_on(MHA_KERNEL_REF, ref, gref));
+    REQUIRE_OK(sdpa_on(MHA_KERNEL_AVX512, ref, ggot));
+    CHECK(test_rel_err(ggot, gref, GRAD_FLOATS) <= 1e-4);
 }
 
 TEST(avx512_bf16_native) {
@@ -58,7 +70,7 @@ TEST(avx512_bf16_native) {
 }
 
 /* Asked for on a CPU without AVX-512 (emulation off): MHA_ERR_UNSUPPORTED
- * naming AVX-512, and the output untouched. */
+ * naming AVX-512, and the output (the backward's gradients) untouched. */
 TEST(avx512_unsupported_is_an_error) {
     if (mha_cpu_has_avx512())
         SKIP("this CPU has AVX-512: the refusal is not reachable");
@@ -70,9 +82,18 @@ TEST(avx512_unsupported_is_an_error) {
     static float out[2 * 37 * 24];
     for (int i = 0; i < 2 * 37 * 24; i++)
         out[i] = 7.0f;
-    CHECK_STATUS(sdpa_on(MHA_KERNEL_AVX512, out), MHA_ERR_UNSUPPORTED);
+    CHECK_STATUS(sdpa_on(MHA_KERNEL_AVX512, out, NULL), MHA_ERR_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("AVX-512");
     CHECK(out[0] == 7.0f && out[2 * 37 * 24 - 1] == 7.0f);
+    static float grad[GRAD_FLOATS];
+    for (int i = 0; i < GRAD_FLOATS; i++)
+        grad[i] = 7.0f;
+    CHECK_STATUS(sdpa_on(MHA_KERNEL_AVX512, out, grad), MHA_ERR_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("AVX-512");
+    int changed = 0;
+    for (int i = 0; i < GRAD_FLOATS; i++)
+        changed += grad[i] != 7.0f;
+    CHECK(changed == 0);
     if (saved)
         setenv("MHA_TEST_AVX512", keep, 1);
 }

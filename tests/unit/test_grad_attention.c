@@ -9,7 +9,8 @@
  * input (the step actually taken, (float)(x+h) - x, is used); the rounding
  * of y bounds the noise near 1e-4, so the check is
  *   max|g_fd - g| <= 2e-3 * max(1, max|g|) per tensor.
- * The fused backward (scalar and, where the CPU has it, AVX2 inner loops) is
+ * The fused backward (scalar and, where the CPU has them, AVX2 and AVX-512
+ * inner loops; AVX-512 emulated in the test library on CPUs without it) is
  * compared with the float64 reference backward at
  * max|g - ref| <= 1e-4 * max(1, max|ref|) and must be bit-identical for
  * 1, 2, 3 and 7 threads.
@@ -172,10 +173,15 @@ static void free3(mha_tensor g[3]) {
         mha_tensor_free(&g[x]);
 }
 
-/* True when this CPU runs the AVX2 backward (otherwise those checks skip). */
-static bool have_avx2(void) {
-    static int known = -1;
-    if (known < 0) {
+/* The fused backward's kernels: portable, AVX2, AVX-512 inner loops. */
+static const mha_kernel FUSED[3] = {MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2, MHA_KERNEL_AVX512};
+
+/* True when this CPU (or the test library's AVX-512 emulation) runs the
+ * backward on `kernel`; otherwise notes the part skipped. */
+static bool bwd_runs(mha_kernel kernel) {
+    static int known[8]; /* per kernel: 0 not probed, 1 runs, 2 does not */
+    const int x = (int)kernel & 7;
+    if (!known[x]) {
         mha_tensor q, k, v, o, dq;
         float *a = test_tensor(&q, 4, (int64_t[]){1, 1, 1, 1}, 1);
         float *b = test_tensor(&k, 4, (int64_t[]){1, 1, 1, 1}, 2);
@@ -184,13 +190,16 @@ static bool have_avx2(void) {
         float *e = test_tensor(&dq, 4, (int64_t[]){1, 1, 1, 1}, 5);
         mha_sdpa_options opt;
         mha_sdpa_options_init(&opt);
-        opt.kernel = MHA_KERNEL_AVX2;
-        known = mha_sdpa_backward(&dq, NULL, NULL, &o, NULL, NULL, &q, &k, &v, &opt) == MHA_OK;
+        opt.kernel = kernel;
+        known[x] = mha_sdpa_backward(&dq, NULL, NULL, &o, NULL, NULL, &q, &k, &v, &opt) == MHA_OK
+                       ? 1
+                       : 2;
         free(a), free(b), free(c), free(d), free(e);
     }
-    if (known != 1)
-        SKIP_PART("kernel avx2 backward: not in this build or on this CPU");
-    return known == 1;
+    if (known[x] != 1)
+        SKIP_PART("kernel %s backward: not in this build or on this CPU",
+                  mha_kernel_name(kernel));
+    return known[x] == 1;
 }
 
 static double worst_fd = 0.0, worst_flash = 0.0;
@@ -233,35 +242,44 @@ static double rel3(mha_tensor a[3], mha_tensor b[3]) {
 static void check_config(const grad_cfg *c, uint64_t seed) {
     grad_case t;
     case_make(&t, c, seed);
-    mha_tensor gr[3], gf[3], gs[3], ga[3], gb[3];
-    const bool avx2 = have_avx2();
-    const mha_kernel fast = avx2 ? MHA_KERNEL_AVX2 : MHA_KERNEL_SCALAR;
-    mha_status s1 = grads(&t, MHA_KERNEL_REF, gr, 0);
-    mha_status s2 = grads(&t, MHA_KERNEL_SCALAR, gf, 0);
-    mha_status s3 = grads(&t, MHA_KERNEL_SCALAR, gs, 1);
-    mha_status s4 = grads(&t, fast, ga, 0);
-    mha_status s5 = grads(&t, fast, gb, 1);
-    CHECK_STATUS(s1, MHA_OK);
-    CHECK_STATUS(s2, MHA_OK);
-    CHECK_STATUS(s3, MHA_OK);
-    CHECK_STATUS(s4, MHA_OK);
-    CHECK_STATUS(s5, MHA_OK);
-    if (s1 == MHA_OK && s2 == MHA_OK && s3 == MHA_OK && s4 == MHA_OK && s5 == MHA_OK) {
+    mha_tensor gr[3];
+    mha_status sr = grads(&t, MHA_KERNEL_REF, gr, 0);
+    CHECK_STATUS(sr, MHA_OK);
+    /* each fused kernel that runs, recomputing and from the saved out/lse */
+    double efl = 0.0;
+    const char *worst_kernel = "";
+    bool ok = sr == MHA_OK;
+    for (int kk = 0; kk < 3 && ok; kk++) {
+        if (!bwd_runs(FUSED[kk]))
+            continue;
+        for (int saved = 0; saved < 2; saved++) {
+            mha_tensor gf[3];
+            mha_status sf = grads(&t, FUSED[kk], gf, saved);
+            CHECK_STATUS(sf, MHA_OK);
+            if (sf == MHA_OK) {
+                const double e = rel3(gf, gr);
+                if (!(e <= efl)) /* NaN sticks */
+                    efl = e, worst_kernel = mha_kernel_name(FUSED[kk]);
+            }
+            ok &= sf == MHA_OK;
+            free3(gf);
+        }
+    }
+    if (ok) {
         double efd = fd_error(&t, gr);
-        double efl = fmax(fmax(rel3(gf, gr), rel3(gs, gr)), fmax(rel3(ga, gr), rel3(gb, gr)));
         worst_fd = fmax(worst_fd, efd);
         worst_flash = fmax(worst_flash, efl);
         configs_checked++;
         if (!(efd <= 2e-3) || !(efl <= 1e-4))
             test_fail(__FILE__, __LINE__,
                       "config B%lld Hq%lld Hkv%lld L%lld S%lld d%lld dv%lld causal%d off%lld "
-                      "mask%d kpm%d drop%d scale%d cap%d dead%d: fd err %.3g, flash err %.3g",
+                      "mask%d kpm%d drop%d scale%d cap%d dead%d: fd err %.3g, flash err %.3g (%s)",
                       (long long)c->B, (long long)c->Hq, (long long)c->Hkv, (long long)c->L,
                       (long long)c->S, (long long)c->d, (long long)c->dv, (int)c->causal,
                       (long long)c->offset, c->mask, c->kpm, c->dropout, c->scale, c->softcap,
-                      c->dead_row, efd, efl);
+                      c->dead_row, efd, efl, worst_kernel);
     }
-    free3(gr), free3(gf), free3(gs), free3(ga), free3(gb);
+    free3(gr);
     case_free(&t);
 }
 
@@ -318,8 +336,10 @@ TEST(grad_sdpa_fused_tiles_and_threads) {
         mha_tensor gr[3];
         mha_set_num_threads(1);
         REQUIRE_OK(grads(&t, MHA_KERNEL_REF, gr, 0));
-        const mha_kernel kinds[2] = {MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
-        for (int kk = 0; kk < (have_avx2() ? 2 : 1); kk++) {
+        const mha_kernel *kinds = FUSED;
+        for (int kk = 0; kk < 3; kk++) {
+            if (!bwd_runs(kinds[kk]))
+                continue;
             mha_tensor g1[3];
             mha_set_num_threads(1);
             REQUIRE_OK(grads(&t, kinds[kk], g1, 1));
@@ -365,14 +385,16 @@ TEST(grad_sdpa_blocked_odd_shapes) {
         {2, 2, 2, 48, 289, 7, 5, MHA_CAUSAL_OFFSET, 140, 3, 2, 1, 0, 0, 1},
         {1, 6, 3, 61, 113, 65, 3, MHA_CAUSAL_NONE, 0, 2, 0, 1, 0, 1, 0},
     };
-    const mha_kernel kinds[2] = {MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2};
+    const mha_kernel *kinds = FUSED;
     double worst = 0.0;
     for (size_t x = 0; x < sizeof cfgs / sizeof *cfgs; x++) {
         grad_case t;
         case_make(&t, &cfgs[x], 700 + x);
         mha_tensor gr[3];
         REQUIRE_OK(grads(&t, MHA_KERNEL_REF, gr, 0));
-        for (int kk = 0; kk < (have_avx2() ? 2 : 1); kk++) {
+        for (int kk = 0; kk < 3; kk++) {
+            if (!bwd_runs(kinds[kk]))
+                continue;
             mha_tensor g1[3];
             mha_set_num_threads(1);
             REQUIRE_OK(grads(&t, kinds[kk], g1, 1));
@@ -412,7 +434,9 @@ TEST(grad_sdpa_blocked_odd_shapes) {
     grad_cfg c = {1, 2, 1, 53, 101, 19, 21, MHA_CAUSAL_NONE, 0, 0, 1, 0, 0, 0, 1};
     grad_case t;
     case_make(&t, &c, 77); /* kpm 1: the last key is padding; row 1 is dead */
-    for (int kk = 0; kk < (have_avx2() ? 2 : 1); kk++) {
+    for (int kk = 0; kk < 3; kk++) {
+        if (!bwd_runs(kinds[kk]))
+            continue;
         mha_tensor clean[3], dirty[3];
         REQUIRE_OK(grads(&t, kinds[kk], clean, 1));
         float *kd = t.kd + (c.S - 1) * c.d, *vd = t.vd + (c.S - 1) * c.dv;

@@ -3,8 +3,9 @@
  * Fixtures: tests/fixtures/grad_sdpa and grad_mha (gen_grad_fixtures.py,
  * float64 autograd in torch 1.13).  Rule (issue 7): per tensor
  * max|g - ref| <= 1e-4 * max(1, max|ref|).  SDPA runs the reference
- * backward, the fused backward recomputing everything, and the fused
- * backward from the forward's saved out and lse; MHA runs
+ * backward, and the fused backward on each kernel that runs here (scalar,
+ * AVX2, AVX-512; skipped parts reported) recomputing everything and from
+ * the forward's saved out and lse; MHA runs
  * mha_multihead_forward_train + mha_multihead_backward (gradients zeroed,
  * then accumulated once).
  */
@@ -52,26 +53,34 @@ static void run_sdpa_case(const char *name) {
     }
     REQUIRE_OK(mha_tensor_create(&out, MHA_F32, 4, t[DOUT].shape));
     REQUIRE_OK(mha_tensor_create(&lse, MHA_F32, 3, t[DOUT].shape));
-    for (int run = 0; run < 3; run++) {
+    mha_sdpa_options fo = opt;
+    fo.lse = &lse;
+    CHECK_STATUS(mha_sdpa_forward(&out, p[Q], p[K], p[V], &fo), MHA_OK);
+    /* run 0 the reference; then per fused kernel: recomputed, saved out/lse */
+    static const mha_kernel fused[3] = {MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2, MHA_KERNEL_AVX512};
+    for (int run = 0; run < 7; run++) {
+        mha_sdpa_options o = opt;
+        o.kernel = run == 0 ? MHA_KERNEL_REF : fused[(run - 1) / 2];
+        if (run > 0 && !test_kernel_runs(o.kernel)) {
+            SKIP_PART("kernel %s backward: not on this CPU", mha_kernel_name(o.kernel));
+            continue;
+        }
+        const bool saved = run > 0 && (run - 1) % 2 == 1;
+        const mha_tensor *so = saved ? &out : NULL, *sl = saved ? &lse : NULL;
         for (int x = 0; x < 3; x++)
             REQUIRE_OK(mha_tensor_create(&g[x], MHA_F32, 4, t[DQ + x].shape));
-        mha_sdpa_options o = opt;
-        const mha_tensor *so = NULL, *sl = NULL;
-        o.kernel = run == 0 ? MHA_KERNEL_REF : MHA_KERNEL_SCALAR;
-        if (run == 2) {
-            mha_sdpa_options fo = opt;
-            fo.lse = &lse;
-            CHECK_STATUS(mha_sdpa_forward(&out, p[Q], p[K], p[V], &fo), MHA_OK);
-            so = &out, sl = &lse;
-        }
         mha_status st = mha_sdpa_backward(&g[0], &g[1], &g[2], p[DOUT], so, sl, p[Q], p[K], p[V], &o);
         if (st != MHA_OK) {
-            test_fail(__FILE__, __LINE__, "%s: %s (%s)", name, mha_status_string(st),
-                      mha_last_error());
+            test_fail(__FILE__, __LINE__, "%s %s: %s (%s)", name, mha_kernel_name(o.kernel),
+                      mha_status_string(st), mha_last_error());
         } else {
-            fixture_compare(name, "dq", (&g[0])->data, p[DQ], GRAD_TOL, &worst_sdpa);
-            fixture_compare(name, "dk", (&g[1])->data, p[DK], GRAD_TOL, &worst_sdpa);
-            fixture_compare(name, "dv", (&g[2])->data, p[DV], GRAD_TOL, &worst_sdpa);
+            static const char *const gname[3] = {"dq", "dk", "dv"};
+            for (int x = 0; x < 3; x++) {
+                char what[48];
+                snprintf(what, sizeof what, "%s (%s%s)", gname[x], mha_kernel_name(o.kernel),
+                         saved ? ", saved out/lse" : "");
+                fixture_compare(name, what, g[x].data, p[DQ + x], GRAD_TOL, &worst_sdpa);
+            }
         }
         for (int x = 0; x < 3; x++)
             mha_tensor_free(&g[x]);
@@ -90,7 +99,8 @@ TEST(grad_parity_sdpa_pytorch) {
     worst_sdpa = 0.0;
     for (int i = 0; i < n; i++)
         run_sdpa_case(names[i]);
-    printf("  grad parity: SDPA %d cases x 3 backward paths, worst error %.3g\n", n, worst_sdpa);
+    printf("  grad parity: SDPA %d cases x (reference + 2 per fused kernel), worst error %.3g\n",
+           n, worst_sdpa);
 }
 
 /* The MHA parameters in mha_multihead_weights order. */

@@ -1,0 +1,110 @@
+/* attention_bwd_avx512.c - AVX-512 inner loops of the fused attention backward.
+ *
+ * Letter legend and packed layouts: see attention_bwd.h (MR = 6 rows,
+ * NR = 16 columns = 1 ZMM, BR query rows per tile, BC keys per block).
+ * The portable versions (gemm_scalar, row_grad_scalar) and the driver are in
+ * attention_bwd_flash.c, the AVX2 ones in attention_bwd_avx2.c; the driver
+ * is shared, so the packed layouts are the same.  Compiled with
+ * AVX512_FLAGS; only reached after mha_avx512_runs() (natively, or emulated
+ * in the test library).
+ *
+ * One register-blocked product serves all five GEMMs of the backward
+ * (S = Q K^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q, dQ = dS K), the A
+ * operand read through a row and a column stride as in the AVX2 loop.
+ * Register blocking: two 16-column panels at once, 6 rows x 2 ZMM = 12
+ * accumulators, each broadcast of A feeding two FMAs; per step 2 panel loads
+ * + 6 broadcasts + 12 FMAs for 384 FLOPs (15 of 32 ZMM live: room for the
+ * compiler to pipeline loads), half the instructions per FLOP of the AVX2
+ * 6x16 block.  An odd last panel takes a 6 x 1 ZMM block.  Each output
+ * element is summed over k in the same order with one FMA per step as in
+ * the AVX2 loop, so the products round identically.  The score-row epilogue
+ * runs 16 lanes at a time with masked tails (no scalar tail, no padding
+ * reads past the row).
+ * ref: Goto & van de Geijn, "Anatomy of High-Performance Matrix
+ * Multiplication", ACM TOMS 34(3), 2008.
+ */
+#include "attention_bwd.h"
+
+#include <math.h>
+
+#include "simd_avx512.h" /* mask16, exp512 */
+
+enum { MR = MHA_BWD_MR, NR = MHA_BWD_NR };
+
+/* One register block: c (MR, npan*NR) (+)= a (MR, k) . npan panels of b
+ * (k, NR) pstride floats apart, npan 1 or 2 (a constant at both call sites,
+ * so the arrays below unroll into 6 or 12 ZMM registers). */
+static inline __attribute__((always_inline)) void
+block_avx512(float *c, int64_t ldc, const float *a, int64_t rsa, int64_t csa, const float *b,
+             int64_t pstride, int64_t k, bool acc, const int npan) {
+    __m512 t[MR][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 2
+        for (int q = 0; q < npan; q++)
+            t[r][q] = acc ? _mm512_loadu_ps(c + r * ldc + q * NR) : _mm512_setzero_ps();
+    for (int64_t x = 0; x < k; x++) {
+        const float *ax = a + x * csa;
+        __m512 bv[2];
+#pragma GCC unroll 2
+        for (int q = 0; q < npan; q++)
+            bv[q] = _mm512_load_ps(b + q * pstride + x * NR);
+#pragma GCC unroll 6
+        for (int r = 0; r < MR; r++) {
+            const __m512 av = _mm512_set1_ps(ax[r * rsa]);
+#pragma GCC unroll 2
+            for (int q = 0; q < npan; q++)
+                t[r][q] = _mm512_fmadd_ps(av, bv[q], t[r][q]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 2
+        for (int q = 0; q < npan; q++)
+            _mm512_storeu_ps(c + r * ldc + q * NR, t[r][q]);
+}
+
+/* c (MR, np*NR) (+)= a (MR, k) . b (np, k, NR), a(r,x) = a[r*rsa + x*csa] */
+static void gemm_avx512(float *c, int64_t ldc, const float *a, int64_t rsa, int64_t csa,
+                        const float *b, int64_t pstride, int64_t k, int64_t np, bool acc) {
+    int64_t pn = 0;
+    for (; pn + 2 <= np; pn += 2)
+        block_avx512(c + pn * NR, ldc, a, rsa, csa, b + pn * pstride, pstride, k, acc, 2);
+    if (pn < np)
+        block_avx512(c + pn * NR, ldc, a, rsa, csa, b + pn * pstride, pstride, k, acc, 1);
+}
+
+/* See mha_bwd_isa.row_grad: P = exp(s*scale + bias - lse), dS = P (dP - D);
+ * exactly 0 past lim and where bias is -inf (a masked move, never a
+ * multiply, so NaN in a masked score is dropped; a NaN bias is kept and
+ * propagates, as in the AVX2 and scalar loops).  exp512 is exp256's
+ * full-range expf (s*scale - lse may be far below the softmax's range).
+ * Lanes past lim are neither read nor used; stores stop at n. */
+static void row_grad_avx512(float *s, float *dp, int64_t n, int64_t lim, float scale,
+                            const float *bias, float lse, float D) {
+    const __m512 vs = _mm512_set1_ps(scale), vl = _mm512_set1_ps(lse), vd = _mm512_set1_ps(D);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j < lim; j += 16) {
+        const __mmask16 in = mask16(lim - j), out = mask16(n - j);
+        __m512 x = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(in, s + j), vs, vl);
+        __mmask16 keep = in;
+        if (bias) {
+            const __m512 bv = _mm512_maskz_loadu_ps(in, bias + j);
+            keep = _mm512_mask_cmp_ps_mask(in, bv, ninf, _CMP_NEQ_UQ);
+            x = _mm512_add_ps(x, bv);
+        }
+        const __m512 pr = exp512(x);
+        const __m512 ds = _mm512_mul_ps(pr, _mm512_sub_ps(_mm512_maskz_loadu_ps(in, dp + j), vd));
+        _mm512_mask_storeu_ps(s + j, out, _mm512_maskz_mov_ps(keep, pr));
+        _mm512_mask_storeu_ps(dp + j, out, _mm512_maskz_mov_ps(keep, ds));
+    }
+    for (; j < n; j += 16) {
+        const __mmask16 out = mask16(n - j);
+        _mm512_mask_storeu_ps(s + j, out, zero);
+        _mm512_mask_storeu_ps(dp + j, out, zero);
+    }
+}
+
+const mha_bwd_isa MHA_AVX512_SYMBOL(mha_bwd_isa_avx512) = {"avx512", gemm_avx512,
+                                                            row_grad_avx512};

@@ -30,7 +30,8 @@
  *   With AVX2+FMA: the layers' products on weights packed once at load
  *   (pack_weights; src/kernels/gemm_packed*.c: q|k|v as one product, the
  *   residual added in place, GELU in the epilogue), the short-text
- *   attention (src/kernels/attention_short*.c) and AVX2 LayerNorm rows.
+ *   attention (src/kernels/attention_short*.c: its avx512 loop where the
+ *   attention kernel is avx512) and AVX2 LayerNorm rows.
  *   Otherwise, or when MHA_GEMM / MHA_KERNEL ask for the reference paths:
  *   mha_linear_f32, mha_sdpa_forward (B = 1 strided views),
  *   mha_layernorm_forward, mha_activation_forward.
@@ -624,13 +625,17 @@ static mha_status product(const mha_bert *m, const bert_layer *w, bert_proj whic
 
 /* One text's attention: ctx (L,D) rows ld_ctx apart from its q|k|v rows
  * (L,3D) of the packed buffer; weights (H,L,L) when not NULL (through
- * mha_sdpa_forward).  Without weights, where the attention kernel is avx2
- * and the head width suits it, the short-text kernel with `scratch`
- * (attention_short.h); otherwise mha_sdpa_forward, which honours
- * MHA_KERNEL. */
+ * mha_sdpa_forward).  Without weights the short-text kernel with `scratch`
+ * (attention_short.h): its avx512 loop where the attention kernel is avx512
+ * (MHA_ERR_UNSUPPORTED, as mha_sdpa_forward gives, unless
+ * mha_avx512_runs()), its avx2 loop where the kernel is avx2 and the head
+ * width suits it; otherwise mha_sdpa_forward, which honours MHA_KERNEL. */
 static mha_status attend(float *ctx, int64_t ld_ctx, const float *qkv, int64_t L, int64_t D,
                          int64_t H, mha_tensor *weights, float *scratch) {
     const int64_t dh = D / H;
+    if (!weights && mha_kernel_resolve(MHA_KERNEL_AUTO) == MHA_KERNEL_AVX512)
+        return mha_attn_short_f32_avx512(ctx, ld_ctx, qkv, qkv + D, qkv + 2 * D, 3 * D, L, H,
+                                         dh, 1.0f / sqrtf((float)dh), scratch);
     if (!weights && kernels_are_simd() && mha_attn_short_avx2_fits(dh)) {
         mha_attn_short_f32_avx2(ctx, ld_ctx, qkv, qkv + D, qkv + 2 * D, 3 * D, L, H, dh,
                                 1.0f / sqrtf((float)dh), scratch);
@@ -786,6 +791,17 @@ static mha_status check_ids(const mha_bert *m, const int32_t *ids, const int64_t
     return MHA_OK;
 }
 
+/* The kernel choice, checked before any work (the workers' messages are
+ * thread-local): MHA_KERNEL / MHA_GEMM valid, and the avx512 kernel only
+ * where it runs (attend). */
+static mha_status check_kernel(void) {
+    MHA_TRY(mha_runtime_check());
+    MHA_CHECK(mha_kernel_resolve(MHA_KERNEL_AUTO) != MHA_KERNEL_AVX512 || mha_avx512_runs(),
+              MHA_ERR_UNSUPPORTED,
+              "mha_bert: kernel avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)");
+    return MHA_OK;
+}
+
 /* out row (D) = pooled and optionally normalised rows x (L,D). */
 static void pool(const mha_bert_info *c, float *out, int64_t ld_out, const float *x, int64_t L) {
     const int64_t D = c->hidden;
@@ -820,6 +836,7 @@ mha_status mha_bert_embed(mha_bert *model, mha_tensor *out, const int32_t *ids,
               (long long)model->info.hidden);
     MHA_TRY(mha_check_writable(out, "out"));
     MHA_TRY(check_ids(model, ids, offsets, n));
+    MHA_TRY(check_kernel());
     const int64_t D = model->info.hidden, T = offsets[n];
     const int64_t cap = BERT_GROUP_TOKENS > model->info.max_positions
                             ? BERT_GROUP_TOKENS
@@ -897,6 +914,7 @@ mha_status mha_bert_hidden(mha_bert *model, mha_tensor *hidden, const int32_t *i
     MHA_TRY(mha_check_writable(hidden, "hidden"));
     const int64_t off[2] = {0, L};
     MHA_TRY(check_ids(model, ids, off, 1));
+    MHA_TRY(check_kernel());
     MHA_TRY(workspace_reserve(model, 1, L, 1));
     const bert_ws ws = workspace_slot(model, 0);
     MHA_TRY(encode(model, &ws, -1, ids, off, 1, layer, NULL));
@@ -922,6 +940,7 @@ mha_status mha_bert_attention(mha_bert *model, mha_tensor *attn_weights, const i
     MHA_TRY(mha_check_writable(attn_weights, "attn_weights"));
     const int64_t off[2] = {0, L};
     MHA_TRY(check_ids(model, ids, off, 1));
+    MHA_TRY(check_kernel());
     MHA_TRY(workspace_reserve(model, 1, L, 1));
     const bert_ws ws = workspace_slot(model, 0);
     mha_tensor w4 = {attn_weights->data, MHA_F32, 4, {1, H, L, L},

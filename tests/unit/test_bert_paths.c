@@ -9,7 +9,7 @@
  * Skipped without the model or libcjson, like test_bert.c. */
 #include "test.h"
 
-#include "internal.h" /* mha_cpu_has_avx2_fma */
+#include "internal.h" /* mha_cpu_has_avx2_fma, mha_avx512_runs */
 
 #include <unistd.h>
 
@@ -32,6 +32,21 @@ static int64_t make_ids(int32_t *ids, int64_t *off) {
     return t;
 }
 
+/* The model's folder ($MHA_MODEL_DIR or models/all-MiniLM-L6-v2), or NULL
+ * when its weights are not there. */
+static const char *model_dir(void) {
+    const char *env = getenv("MHA_MODEL_DIR");
+    const char *dir = env && env[0] ? env : "models/all-MiniLM-L6-v2";
+    char weights[1024];
+    snprintf(weights, sizeof weights, "%s/model.safetensors", dir);
+    return access(weights, R_OK) == 0 ? dir : NULL;
+}
+
+static bool env_set(const char *name) {
+    const char *v = getenv(name);
+    return v && v[0];
+}
+
 /* out (TEXTS, D) embeddings under MHA_GEMM=gemm (NULL: unset). */
 static mha_status embed_with(mha_bert *m, const char *gemm, float *out, const int32_t *ids,
                              const int64_t *off) {
@@ -51,13 +66,10 @@ TEST(bert_packed_route_matches_reference_route) {
 #ifndef MHA_HAVE_CJSON
     SKIP("built without libcjson: mha_bert_open cannot read config.json");
 #else
-    const char *env = getenv("MHA_MODEL_DIR");
-    const char *dir = env && env[0] ? env : "models/all-MiniLM-L6-v2";
-    char weights[1024];
-    snprintf(weights, sizeof weights, "%s/model.safetensors", dir);
-    if (access(weights, R_OK) != 0)
+    const char *dir = model_dir();
+    if (!dir)
         SKIP("no model (models/all-MiniLM-L6-v2 or $MHA_MODEL_DIR; `make model`)");
-    if (getenv("MHA_GEMM") && getenv("MHA_GEMM")[0])
+    if (env_set("MHA_GEMM"))
         SKIP("MHA_GEMM is set: this test chooses the routes itself");
     mha_bert *m;
     REQUIRE_OK(mha_bert_open(&m, dir));
@@ -86,5 +98,96 @@ TEST(bert_packed_route_matches_reference_route) {
     }
     CHECK(any > 0 || !mha_cpu_has_avx2_fma()); /* two routes really ran */
     mha_bert_free(m);
+#endif
+}
+
+/* ---- the avx512 encoder (issue 14) ------------------------------------------------- */
+
+#ifdef MHA_HAVE_CJSON
+/* out (TEXTS, D) embeddings under MHA_KERNEL=kernel and MHA_GEMM=gemm (NULL: unset). */
+static mha_status embed_on(mha_bert *m, const char *kernel, const char *gemm, float *out,
+                           const int32_t *ids, const int64_t *off) {
+    setenv("MHA_KERNEL", kernel, 1);
+    mha_status st = embed_with(m, gemm, out, ids, off);
+    unsetenv("MHA_KERNEL");
+    return st;
+}
+#endif
+
+/* MHA_KERNEL=avx512 (the short-text attention's avx512 loop; emulated where
+ * the CPU lacks AVX-512) against the reference route MHA_KERNEL=ref
+ * MHA_GEMM=portable (mha_sdpa_forward's reference, the reference norms and
+ * products): the same bounds as above, and the two really differ. */
+TEST(bert_avx512_route_matches_reference_route) {
+#ifndef MHA_HAVE_CJSON
+    SKIP("built without libcjson: mha_bert_open cannot read config.json");
+#else
+    const char *dir = model_dir();
+    if (!dir)
+        SKIP("no model (models/all-MiniLM-L6-v2 or $MHA_MODEL_DIR; `make model`)");
+    if (env_set("MHA_GEMM") || env_set("MHA_KERNEL"))
+        SKIP("MHA_GEMM or MHA_KERNEL is set: this test chooses the routes itself");
+    if (!mha_avx512_runs())
+        SKIP("avx512: this CPU lacks AVX-512 and the test library has no emulation");
+    mha_bert *m;
+    REQUIRE_OK(mha_bert_open(&m, dir));
+    REQUIRE(mha_bert_get_info(m)->hidden == D);
+    int32_t ids[400];
+    int64_t off[TEXTS + 1];
+    make_ids(ids, off);
+    static float fast[TEXTS * D], ref[TEXTS * D];
+    REQUIRE_OK(embed_on(m, "avx512", NULL, fast, ids, off));
+    REQUIRE_OK(embed_on(m, "ref", "portable", ref, ids, off));
+    double any = 0;
+    for (int i = 0; i < TEXTS; i++) {
+        double dot = 0, na = 0, nb = 0, worst = 0;
+        for (int j = 0; j < D; j++) {
+            const double a = fast[i * D + j], b = ref[i * D + j];
+            dot += a * b, na += a * a, nb += b * b;
+            worst = fmax(worst, fabs(a - b));
+        }
+        const double cosine = dot / sqrt(na * nb);
+        if (!(worst <= 2e-5 && cosine >= 0.99999))
+            test_fail(__FILE__, __LINE__, "avx512 text %d: max |diff| %.3g, cosine %.8f", i,
+                      worst, cosine);
+        any = fmax(any, worst);
+    }
+    CHECK(any > 0); /* two routes really ran */
+    mha_bert_free(m);
+#endif
+}
+
+/* MHA_KERNEL=avx512 where it cannot run (emulation off, no AVX-512):
+ * MHA_ERR_UNSUPPORTED naming AVX-512 before any work, out untouched. */
+TEST(bert_avx512_unsupported_is_an_error) {
+#ifndef MHA_HAVE_CJSON
+    SKIP("built without libcjson: mha_bert_open cannot read config.json");
+#else
+    if (mha_cpu_has_avx512())
+        SKIP("this CPU has AVX-512: the refusal is not reachable");
+    const char *dir = model_dir();
+    if (!dir)
+        SKIP("no model (models/all-MiniLM-L6-v2 or $MHA_MODEL_DIR; `make model`)");
+    if (env_set("MHA_GEMM") || env_set("MHA_KERNEL"))
+        SKIP("MHA_GEMM or MHA_KERNEL is set: this test chooses the routes itself");
+    const char *saved = getenv("MHA_TEST_AVX512");
+    char keep[32] = "";
+    if (saved)
+        snprintf(keep, sizeof keep, "%s", saved);
+    unsetenv("MHA_TEST_AVX512");
+    mha_bert *m;
+    REQUIRE_OK(mha_bert_open(&m, dir));
+    int32_t ids[400];
+    int64_t off[TEXTS + 1];
+    make_ids(ids, off);
+    static float out[TEXTS * D];
+    for (int e = 0; e < TEXTS * D; e++)
+        out[e] = 7.0f;
+    CHECK_STATUS(embed_on(m, "avx512", NULL, out, ids, off), MHA_ERR_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("AVX-512");
+    CHECK(out[0] == 7.0f && out[TEXTS * D - 1] == 7.0f);
+    mha_bert_free(m);
+    if (saved)
+        setenv("MHA_TEST_AVX512", keep, 1);
 #endif
 }

@@ -30,8 +30,9 @@
  *   With AVX2+FMA: the layers' products on weights packed once at load
  *   (pack_weights; src/kernels/gemm_packed*.c: q|k|v as one product, the
  *   residual added in place, GELU in the epilogue), the short-text
- *   attention (src/kernels/attention_short*.c: its avx512 loop where the
- *   attention kernel is avx512) and AVX2 LayerNorm rows.
+ *   attention (src/kernels/attention_short*.c) and LayerNorm rows
+ *   (src/kernels/norm_avx*.c), on their avx512 loops where the attention
+ *   kernel is avx512.
  *   Otherwise, or when MHA_GEMM / MHA_KERNEL ask for the reference paths:
  *   mha_linear_f32, mha_sdpa_forward (B = 1 strided views),
  *   mha_layernorm_forward, mha_activation_forward.
@@ -544,6 +545,10 @@ static mha_tensor vec(const float *data, int64_t n) {
     return t;
 }
 
+/* The error where the avx512 kernel is asked for but does not run. */
+static const char no_avx512[] =
+    "mha_bert: kernel avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)";
+
 /* True when the attention kernel in force is avx2 or avx512 (MHA_KERNEL
  * may ask for the reference or portable paths) and the CPU runs AVX2: the
  * encoder's own AVX2 LayerNorm and short-text attention then serve. */
@@ -552,17 +557,28 @@ static bool kernels_are_simd(void) {
     return (kr == MHA_KERNEL_AVX2 || kr == MHA_KERNEL_AVX512) && mha_cpu_has_avx2_fma();
 }
 
-/* x (T,D) = LayerNorm(x) in place: where the kernels are avx2, rows in
- * chunks over threads through mha_layernorm_f32_avx2 (per row: the split
- * changes no bits); otherwise mha_layernorm_forward. */
+/* x (T,D) = LayerNorm(x) in place: where the kernels are avx2 (avx512),
+ * rows in chunks over threads through mha_layernorm_f32_avx2
+ * (mha_layernorm_f32_avx512; per row: the split changes no bits); otherwise
+ * mha_layernorm_forward. */
 static mha_status layernorm(float *x, int64_t T, int64_t D, const float *w, const float *b,
                             float eps) {
-    if (kernels_are_simd()) {
+    const bool avx512 = mha_kernel_resolve(MHA_KERNEL_AUTO) == MHA_KERNEL_AVX512;
+    if (avx512 || kernels_are_simd()) {
         enum { CHUNK = 32 };
+        int failed = 0;
 #pragma omp parallel for schedule(static) num_threads(mha_threads()) if (T > 2 * CHUNK)
-        for (int64_t r0 = 0; r0 < T; r0 += CHUNK)
-            mha_layernorm_f32_avx2(x + r0 * D, x + r0 * D, T - r0 < CHUNK ? T - r0 : CHUNK, D, w,
-                                   b, eps);
+        for (int64_t r0 = 0; r0 < T; r0 += CHUNK) {
+            float *xr = x + r0 * D;
+            const int64_t n = T - r0 < CHUNK ? T - r0 : CHUNK;
+            if (!avx512)
+                mha_layernorm_f32_avx2(xr, xr, n, D, w, b, eps);
+            else if (mha_layernorm_f32_avx512(xr, xr, n, D, w, b, eps) != MHA_OK) {
+#pragma omp atomic write
+                failed = 1;
+            }
+        }
+        MHA_CHECK(!failed, MHA_ERR_UNSUPPORTED, "%s", no_avx512);
         return MHA_OK;
     }
     mha_tensor X = rows(x, T, D), W = vec(w, D), Bv = vec(b, D);
@@ -797,8 +813,7 @@ static mha_status check_ids(const mha_bert *m, const int32_t *ids, const int64_t
 static mha_status check_kernel(void) {
     MHA_TRY(mha_runtime_check());
     MHA_CHECK(mha_kernel_resolve(MHA_KERNEL_AUTO) != MHA_KERNEL_AVX512 || mha_avx512_runs(),
-              MHA_ERR_UNSUPPORTED,
-              "mha_bert: kernel avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)");
+              MHA_ERR_UNSUPPORTED, "%s", no_avx512);
     return MHA_OK;
 }
 

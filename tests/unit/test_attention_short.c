@@ -196,11 +196,7 @@ TEST(attention_short_avx512_large_scores) {
 TEST(attention_short_avx512_unsupported_is_an_error) {
     if (mha_cpu_has_avx512())
         SKIP("this CPU has AVX-512: the refusal is not reachable");
-    const char *saved = getenv("MHA_TEST_AVX512");
-    char keep[32] = "";
-    if (saved)
-        snprintf(keep, sizeof keep, "%s", saved);
-    unsetenv("MHA_TEST_AVX512");
+    test_avx512_emulation_off();
     short_case c;
     case_make(&c, 7, 2, 32, 77);
     CHECK_STATUS(run_on(ON_AVX512, &c, 1.0f), MHA_ERR_UNSUPPORTED);
@@ -211,6 +207,5 @@ TEST(attention_short_avx512_unsupported_is_an_error) {
             break;
         }
     case_free(&c);
-    if (saved)
-        setenv("MHA_TEST_AVX512", keep, 1);
+    test_avx512_emulation_restore();
 }

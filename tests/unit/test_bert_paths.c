@@ -5,7 +5,10 @@
  * route is checked against sentence-transformers in test_bert.c; here the
  * reference route must give the same vectors within the same bounds (max
  * |diff| <= 2e-5, cosine >= 0.99999), for texts of 1, 2, 5, 61 and 300
- * tokens (T = 369 packed, rows of every tile tail).
+ * tokens (T = 369 packed, rows of every tile tail).  The same for the avx512
+ * route (MHA_KERNEL=avx512: the AVX-512 attention and LayerNorm loops,
+ * emulated where the CPU lacks AVX-512) against the full reference route
+ * (MHA_KERNEL=ref MHA_GEMM=portable), and its refusal where it cannot run.
  * Skipped without the model or libcjson, like test_bert.c. */
 #include "test.h"
 
@@ -60,6 +63,26 @@ static mha_status embed_with(mha_bert *m, const char *gemm, float *out, const in
     unsetenv("MHA_GEMM");
     return st;
 }
+
+/* Embeddings fast and ref (TEXTS, D) within max |diff| <= 2e-5 and cosine >=
+ * 0.99999 per text (a failure names route); returns the largest |diff|. */
+static double routes_agree(const char *route, const float *fast, const float *ref) {
+    double any = 0;
+    for (int i = 0; i < TEXTS; i++) {
+        double dot = 0, na = 0, nb = 0, worst = 0;
+        for (int j = 0; j < D; j++) {
+            const double a = fast[i * D + j], b = ref[i * D + j];
+            dot += a * b, na += a * a, nb += b * b;
+            worst = fmax(worst, fabs(a - b));
+        }
+        const double cosine = dot / sqrt(na * nb);
+        if (!(worst <= 2e-5 && cosine >= 0.99999))
+            test_fail(__FILE__, __LINE__, "%s text %d: max |diff| %.3g, cosine %.8f", route, i,
+                      worst, cosine);
+        any = fmax(any, worst);
+    }
+    return any;
+}
 #endif
 
 TEST(bert_packed_route_matches_reference_route) {
@@ -82,21 +105,7 @@ TEST(bert_packed_route_matches_reference_route) {
     REQUIRE_OK(embed_with(m, "portable", ref, ids, off));
     if (!mha_cpu_has_avx2_fma())
         SKIP_PART("packed avx2 route: no AVX2+FMA here (both runs took the portable route)");
-    double any = 0;
-    for (int i = 0; i < TEXTS; i++) {
-        double dot = 0, na = 0, nb = 0, worst = 0;
-        for (int j = 0; j < D; j++) {
-            const double a = fast[i * D + j], b = ref[i * D + j];
-            dot += a * b, na += a * a, nb += b * b;
-            worst = fmax(worst, fabs(a - b));
-        }
-        const double cosine = dot / sqrt(na * nb);
-        if (!(worst <= 2e-5 && cosine >= 0.99999))
-            test_fail(__FILE__, __LINE__, "text %d: max |diff| %.3g, cosine %.8f", i, worst,
-                      cosine);
-        any = fmax(any, worst);
-    }
-    CHECK(any > 0 || !mha_cpu_has_avx2_fma()); /* two routes really ran */
+    CHECK(routes_agree("packed", fast, ref) > 0 || !mha_cpu_has_avx2_fma()); /* both ran */
     mha_bert_free(m);
 #endif
 }
@@ -138,21 +147,7 @@ TEST(bert_avx512_route_matches_reference_route) {
     static float fast[TEXTS * D], ref[TEXTS * D];
     REQUIRE_OK(embed_on(m, "avx512", NULL, fast, ids, off));
     REQUIRE_OK(embed_on(m, "ref", "portable", ref, ids, off));
-    double any = 0;
-    for (int i = 0; i < TEXTS; i++) {
-        double dot = 0, na = 0, nb = 0, worst = 0;
-        for (int j = 0; j < D; j++) {
-            const double a = fast[i * D + j], b = ref[i * D + j];
-            dot += a * b, na += a * a, nb += b * b;
-            worst = fmax(worst, fabs(a - b));
-        }
-        const double cosine = dot / sqrt(na * nb);
-        if (!(worst <= 2e-5 && cosine >= 0.99999))
-            test_fail(__FILE__, __LINE__, "avx512 text %d: max |diff| %.3g, cosine %.8f", i,
-                      worst, cosine);
-        any = fmax(any, worst);
-    }
-    CHECK(any > 0); /* two routes really ran */
+    CHECK(routes_agree("avx512", fast, ref) > 0); /* two routes really ran */
     mha_bert_free(m);
 #endif
 }
@@ -170,13 +165,9 @@ TEST(bert_avx512_unsupported_is_an_error) {
         SKIP("no model (models/all-MiniLM-L6-v2 or $MHA_MODEL_DIR; `make model`)");
     if (env_set("MHA_GEMM") || env_set("MHA_KERNEL"))
         SKIP("MHA_GEMM or MHA_KERNEL is set: this test chooses the routes itself");
-    const char *saved = getenv("MHA_TEST_AVX512");
-    char keep[32] = "";
-    if (saved)
-        snprintf(keep, sizeof keep, "%s", saved);
-    unsetenv("MHA_TEST_AVX512");
     mha_bert *m;
     REQUIRE_OK(mha_bert_open(&m, dir));
+    test_avx512_emulation_off();
     int32_t ids[400];
     int64_t off[TEXTS + 1];
     make_ids(ids, off);
@@ -187,7 +178,6 @@ TEST(bert_avx512_unsupported_is_an_error) {
     CHECK_ERROR_MENTIONS("AVX-512");
     CHECK(out[0] == 7.0f && out[TEXTS * D - 1] == 7.0f);
     mha_bert_free(m);
-    if (saved)
-        setenv("MHA_TEST_AVX512", keep, 1);
+    test_avx512_emulation_restore();
 #endif
 }

@@ -81,15 +81,10 @@ TEST(layernorm_avx512_matches_reference) {
 TEST(layernorm_avx512_unsupported_is_an_error) {
     if (mha_cpu_has_avx512())
         SKIP("this CPU has AVX-512: the refusal is not reachable");
-    const char *saved = getenv("MHA_TEST_AVX512");
-    char keep[32] = "";
-    if (saved)
-        snprintf(keep, sizeof keep, "%s", saved);
-    unsetenv("MHA_TEST_AVX512");
+    test_avx512_emulation_off();
     float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8] = {7, 7, 7, 7, 7, 7, 7, 7};
     CHECK_STATUS(mha_layernorm_f32_avx512(y, x, 1, 8, NULL, NULL, 1e-5f), MHA_ERR_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("AVX-512");
     CHECK(y[0] == 7.0f && y[7] == 7.0f);
-    if (saved)
-        setenv("MHA_TEST_AVX512", keep, 1);
+    test_avx512_emulation_restore();
 }

@@ -30,10 +30,11 @@
  *   With AVX2+FMA: the layers' products on weights packed once at load
  *   (pack_weights; src/kernels/gemm_packed*.c: q|k|v as one product, the
  *   residual added in place, GELU in the epilogue), the short-text
- *   attention (src/kernels/attention_short*.c) and AVX2 LayerNorm rows;
- *   the products take the 8x24 AVX-512 block when the attention kernel in
- *   force (MHA_KERNEL, AUTO on an AVX-512 CPU) is avx512 - the same bits
- *   as the AVX2 block, GELU included (gemm_packed_avx512.c).
+ *   attention (src/kernels/attention_short*.c) and LayerNorm rows
+ *   (src/kernels/norm_avx*.c), on their avx512 loops where the attention
+ *   kernel in force (MHA_KERNEL, AUTO on an AVX-512 CPU) is avx512; the
+ *   products then take the 8x24 AVX-512 block, the same bits as the AVX2
+ *   block, GELU included (gemm_packed_avx512.c).
  *   Otherwise, or when MHA_GEMM / MHA_KERNEL ask for the reference paths:
  *   mha_linear_f32, mha_sdpa_forward (B = 1 strided views),
  *   mha_layernorm_forward, mha_activation_forward.
@@ -547,6 +548,10 @@ static mha_tensor vec(const float *data, int64_t n) {
     return t;
 }
 
+/* The error where the avx512 kernel is asked for but does not run. */
+static const char no_avx512[] =
+    "mha_bert: kernel avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)";
+
 /* True when the attention kernel in force is avx2 or avx512 (MHA_KERNEL
  * may ask for the reference or portable paths) and the CPU runs AVX2: the
  * encoder's own AVX2 LayerNorm and short-text attention then serve. */
@@ -555,17 +560,28 @@ static bool kernels_are_simd(void) {
     return (kr == MHA_KERNEL_AVX2 || kr == MHA_KERNEL_AVX512) && mha_cpu_has_avx2_fma();
 }
 
-/* x (T,D) = LayerNorm(x) in place: where the kernels are avx2, rows in
- * chunks over threads through mha_layernorm_f32_avx2 (per row: the split
- * changes no bits); otherwise mha_layernorm_forward. */
+/* x (T,D) = LayerNorm(x) in place: where the kernels are avx2 (avx512),
+ * rows in chunks over threads through mha_layernorm_f32_avx2
+ * (mha_layernorm_f32_avx512; per row: the split changes no bits); otherwise
+ * mha_layernorm_forward. */
 static mha_status layernorm(float *x, int64_t T, int64_t D, const float *w, const float *b,
                             float eps) {
-    if (kernels_are_simd()) {
+    const bool avx512 = mha_kernel_resolve(MHA_KERNEL_AUTO) == MHA_KERNEL_AVX512;
+    if (avx512 || kernels_are_simd()) {
         enum { CHUNK = 32 };
+        int failed = 0;
 #pragma omp parallel for schedule(static) num_threads(mha_threads()) if (T > 2 * CHUNK)
-        for (int64_t r0 = 0; r0 < T; r0 += CHUNK)
-            mha_layernorm_f32_avx2(x + r0 * D, x + r0 * D, T - r0 < CHUNK ? T - r0 : CHUNK, D, w,
-                                   b, eps);
+        for (int64_t r0 = 0; r0 < T; r0 += CHUNK) {
+            float *xr = x + r0 * D;
+            const int64_t n = T - r0 < CHUNK ? T - r0 : CHUNK;
+            if (!avx512)
+                mha_layernorm_f32_avx2(xr, xr, n, D, w, b, eps);
+            else if (mha_layernorm_f32_avx512(xr, xr, n, D, w, b, eps) != MHA_OK) {
+#pragma omp atomic write
+                failed = 1;
+            }
+        }
+        MHA_CHECK(!failed, MHA_ERR_UNSUPPORTED, "%s", no_avx512);
         return MHA_OK;
     }
     mha_tensor X = rows(x, T, D), W = vec(w, D), Bv = vec(b, D);
@@ -631,13 +647,17 @@ static mha_status product(const mha_bert *m, const bert_layer *w, bert_proj whic
 
 /* One text's attention: ctx (L,D) rows ld_ctx apart from its q|k|v rows
  * (L,3D) of the packed buffer; weights (H,L,L) when not NULL (through
- * mha_sdpa_forward).  Without weights, where the attention kernel is avx2
- * and the head width suits it, the short-text kernel with `scratch`
- * (attention_short.h); otherwise mha_sdpa_forward, which honours
- * MHA_KERNEL. */
+ * mha_sdpa_forward).  Without weights the short-text kernel with `scratch`
+ * (attention_short.h): its avx512 loop where the attention kernel is avx512
+ * (MHA_ERR_UNSUPPORTED, as mha_sdpa_forward gives, unless
+ * mha_avx512_runs()), its avx2 loop where the kernel is avx2 and the head
+ * width suits it; otherwise mha_sdpa_forward, which honours MHA_KERNEL. */
 static mha_status attend(float *ctx, int64_t ld_ctx, const float *qkv, int64_t L, int64_t D,
                          int64_t H, mha_tensor *weights, float *scratch) {
     const int64_t dh = D / H;
+    if (!weights && mha_kernel_resolve(MHA_KERNEL_AUTO) == MHA_KERNEL_AVX512)
+        return mha_attn_short_f32_avx512(ctx, ld_ctx, qkv, qkv + D, qkv + 2 * D, 3 * D, L, H,
+                                         dh, 1.0f / sqrtf((float)dh), scratch);
     if (!weights && kernels_are_simd() && mha_attn_short_avx2_fits(dh)) {
         mha_attn_short_f32_avx2(ctx, ld_ctx, qkv, qkv + D, qkv + 2 * D, 3 * D, L, H, dh,
                                 1.0f / sqrtf((float)dh), scratch);
@@ -793,6 +813,16 @@ static mha_status check_ids(const mha_bert *m, const int32_t *ids, const int64_t
     return MHA_OK;
 }
 
+/* The kernel choice, checked before any work (the workers' messages are
+ * thread-local): MHA_KERNEL / MHA_GEMM valid, and the avx512 kernel only
+ * where it runs (attend). */
+static mha_status check_kernel(void) {
+    MHA_TRY(mha_runtime_check());
+    MHA_CHECK(mha_kernel_resolve(MHA_KERNEL_AUTO) != MHA_KERNEL_AVX512 || mha_avx512_runs(),
+              MHA_ERR_UNSUPPORTED, "%s", no_avx512);
+    return MHA_OK;
+}
+
 /* out row (D) = pooled and optionally normalised rows x (L,D). */
 static void pool(const mha_bert_info *c, float *out, int64_t ld_out, const float *x, int64_t L) {
     const int64_t D = c->hidden;
@@ -827,6 +857,7 @@ mha_status mha_bert_embed(mha_bert *model, mha_tensor *out, const int32_t *ids,
               (long long)model->info.hidden);
     MHA_TRY(mha_check_writable(out, "out"));
     MHA_TRY(check_ids(model, ids, offsets, n));
+    MHA_TRY(check_kernel());
     const int64_t D = model->info.hidden, T = offsets[n];
     const int64_t cap = BERT_GROUP_TOKENS > model->info.max_positions
                             ? BERT_GROUP_TOKENS
@@ -904,6 +935,7 @@ mha_status mha_bert_hidden(mha_bert *model, mha_tensor *hidden, const int32_t *i
     MHA_TRY(mha_check_writable(hidden, "hidden"));
     const int64_t off[2] = {0, L};
     MHA_TRY(check_ids(model, ids, off, 1));
+    MHA_TRY(check_kernel());
     MHA_TRY(workspace_reserve(model, 1, L, 1));
     const bert_ws ws = workspace_slot(model, 0);
     MHA_TRY(encode(model, &ws, -1, ids, off, 1, layer, NULL));
@@ -929,6 +961,7 @@ mha_status mha_bert_attention(mha_bert *model, mha_tensor *attn_weights, const i
     MHA_TRY(mha_check_writable(attn_weights, "attn_weights"));
     const int64_t off[2] = {0, L};
     MHA_TRY(check_ids(model, ids, off, 1));
+    MHA_TRY(check_kernel());
     MHA_TRY(workspace_reserve(model, 1, L, 1));
     const bert_ws ws = workspace_slot(model, 0);
     mha_tensor w4 = {attn_weights->data, MHA_F32, 4, {1, H, L, L},

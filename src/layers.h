@@ -53,6 +53,14 @@ static inline float mha_layernorm_value(float x, double mean, double rstd, const
  * only after a CPU check. */
 void mha_layernorm_f32_avx2(float *y, const float *x, int64_t N, int64_t E, const float *w,
                             const float *b, float eps);
+/* The same plan with AVX-512 (src/kernels/norm_avx512.c), one thread:
+ * taken only by mha_layernorm_f32_avx512 with MHA_AVX512_PICK. */
+typedef void (*mha_layernorm_fn)(float *y, const float *x, int64_t N, int64_t E, const float *w,
+                                 const float *b, float eps);
+MHA_AVX512_DECLARE(mha_layernorm_fn, mha_layernorm_avx512_loop);
+/* MHA_ERR_UNSUPPORTED (naming AVX-512, y untouched) unless mha_avx512_runs(). */
+mha_status mha_layernorm_f32_avx512(float *y, const float *x, int64_t N, int64_t E,
+                                    const float *w, const float *b, float eps);
 void mha_rmsnorm_f32(float *y, const float *x, int64_t N, int64_t E, const float *w, float eps);
 void mha_rmsnorm_ref(float *y, const float *x, int64_t N, int64_t E, const float *w, float eps);
 

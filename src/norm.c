@@ -6,6 +6,8 @@
  * keeps the row statistics and the centring in double (E is small next to
  * the GEMMs, and a float mean loses digits when |mean| >> std), parallel over
  * rows; the reference is a literal float64 transcription of the formula.
+ * The AVX2 and AVX-512 LayerNorm loops of the same plan are in
+ * src/kernels/norm_avx*.c (the avx512 one dispatched here).
  */
 #include "layers.h"
 
@@ -37,6 +39,14 @@ void mha_layernorm_f32(float *y, const float *x, int64_t N, int64_t E, const flo
         for (int64_t c = 0; c < E; c++)
             yr[c] = mha_layernorm_value(xr[c], mean, rstd, w, b, c);
     }
+}
+
+mha_status mha_layernorm_f32_avx512(float *y, const float *x, int64_t N, int64_t E,
+                                    const float *w, const float *b, float eps) {
+    MHA_CHECK(mha_avx512_runs(), MHA_ERR_UNSUPPORTED,
+              "kernel: avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)");
+    (*MHA_AVX512_PICK(mha_layernorm_avx512_loop))(y, x, N, E, w, b, eps);
+    return MHA_OK;
 }
 
 /* The float64 mean and (biased) variance of row xr (E), two passes. */

@@ -1,17 +1,29 @@
-/* attention_short.c - the short-text attention's workspace size and its
- * reference: the plain loop, one head and one query row at a time (see
- * attention_short.h).  Letters: L tokens, H heads, d head width. */
+/* attention_short.c - the short-text attention's workspace size, its
+ * reference (the plain loop, one head and one query row at a time) and the
+ * avx512 dispatch (see attention_short.h).  Letters: L tokens, H heads, d head width. */
 #include "attention_short.h"
 
 #include <math.h>
 
 int64_t mha_attn_short_ws_floats(int64_t L, int64_t d) {
-    const int64_t Lp = (L + 7) / 8 * 8;
-    return (d + 4) * Lp + 8; /* K^T (d, Lp) and 4 score rows (avx2); the reference: 1 row */
+    /* avx2: K^T (d, L rounded to 8) and 4 score rows; avx512: K^T (d, L
+     * rounded to 16) and 8 score rows, the larger; the reference: 1 row */
+    const int64_t Lp8 = (L + 7) / 8 * 8, Lp16 = (L + 15) / 16 * 16;
+    const int64_t avx2 = (d + 4) * Lp8 + 8, avx512 = (d + 8) * Lp16;
+    return avx2 > avx512 ? avx2 : avx512;
 }
 
 bool mha_attn_short_avx2_fits(int64_t d) {
     return d > 0 && d % 8 == 0 && d <= 64;
+}
+
+mha_status mha_attn_short_f32_avx512(float *ctx, int64_t ldo, const float *q, const float *k,
+                                     const float *v, int64_t ld, int64_t L, int64_t H,
+                                     int64_t d, float scale, float *ws) {
+    MHA_CHECK(mha_avx512_runs(), MHA_ERR_UNSUPPORTED,
+              "kernel: avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)");
+    (*MHA_AVX512_PICK(mha_attn_short_avx512_loop))(ctx, ldo, q, k, v, ld, L, H, d, scale, ws);
+    return MHA_OK;
 }
 
 void mha_attn_short_f32_ref(float *ctx, int64_t ldo, const float *q, const float *k,

@@ -11,7 +11,8 @@
  * per-call planning and packing cost more than the products; this kernel
  * keeps one text's K^T for one head (d x L floats) and goes row by row.
  * The reference (_ref) is the plain loop; tests/unit/test_attention_short.c
- * checks it against mha_sdpa_forward and the avx2 kernel against it.
+ * checks it against mha_sdpa_forward and the avx2 and avx512 kernels
+ * against it.
  * Neither allocates: ws holds mha_attn_short_ws_floats(L, d) floats.
  */
 #ifndef MHA_KERNELS_ATTENTION_SHORT_H
@@ -32,5 +33,18 @@ void mha_attn_short_f32_ref(float *ctx, int64_t ldo, const float *q, const float
 void mha_attn_short_f32_avx2(float *ctx, int64_t ldo, const float *q, const float *k,
                              const float *v, int64_t ld, int64_t L, int64_t H, int64_t d,
                              float scale, float *ws);
+
+/* The kernel's signature, for the avx512 loop's exported pointer. */
+typedef void (*mha_attn_short_fn)(float *ctx, int64_t ldo, const float *q, const float *k,
+                                  const float *v, int64_t ld, int64_t L, int64_t H, int64_t d,
+                                  float scale, float *ws);
+/* The AVX-512 loop (attention_short_avx512.c; any d >= 1): taken only by
+ * mha_attn_short_f32_avx512 with MHA_AVX512_PICK. */
+MHA_AVX512_DECLARE(mha_attn_short_fn, mha_attn_short_avx512_loop);
+/* The same problem on the avx512 loop; MHA_ERR_UNSUPPORTED (naming AVX-512,
+ * ctx untouched) unless mha_avx512_runs(). */
+mha_status mha_attn_short_f32_avx512(float *ctx, int64_t ldo, const float *q, const float *k,
+                                     const float *v, int64_t ld, int64_t L, int64_t H,
+                                     int64_t d, float scale, float *ws);
 
 #endif /* MHA_KERNELS_ATTENTION_SHORT_H */

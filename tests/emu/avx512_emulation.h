@@ -206,4 +206,48 @@ static inline simde__m512 emu_roundscale_ps(simde__m512 a, int imm) {
 #undef _mm512_cvtepu16_epi32
 #define _mm512_cvtepu16_epi32(a) emu_cvtepu16_epi32(a)
 
+/* ---- for norm_avx512.c: float <-> double conversions, the upper 8 floats,
+ * the double sum */
+typedef union { simde__m512d v; double d[8]; } emu_pd;
+typedef union { simde__m256 v; float f[8]; } emu_ps256;
+static inline simde__m512d emu_cvtps_pd(simde__m256 a) {
+    emu_ps256 x = {.v = a};
+    emu_pd r;
+    for (int i = 0; i < 8; i++)
+        r.d[i] = (double)x.f[i];
+    return r.v;
+}
+static inline simde__m256 emu_extractf32x8_ps(simde__m512 a, int imm) {
+    emu_ps x = {.v = a};
+    emu_ps256 r;
+    for (int i = 0; i < 8; i++)
+        r.f[i] = x.f[(imm & 1) * 8 + i];
+    return r.v;
+}
+static inline simde__m256 emu_cvtpd_ps(simde__m512d a) { /* round to nearest even */
+    emu_pd x = {.v = a};
+    emu_ps256 r;
+    for (int i = 0; i < 8; i++)
+        r.f[i] = (float)x.d[i];
+    return r.v;
+}
+static inline double emu_reduce_add_pd(simde__m512d a) {
+    /* the same tree as GCC's _mm512_reduce_add_pd: halves, quarters, pair */
+    emu_pd x = {.v = a};
+    double h4[4], h2[2];
+    for (int i = 0; i < 4; i++)
+        h4[i] = x.d[i + 4] + x.d[i];
+    for (int i = 0; i < 2; i++)
+        h2[i] = h4[i + 2] + h4[i];
+    return h2[0] + h2[1];
+}
+#undef _mm512_cvtpd_ps
+#define _mm512_cvtpd_ps(a) emu_cvtpd_ps(a)
+#undef _mm512_reduce_add_pd
+#define _mm512_reduce_add_pd(a) emu_reduce_add_pd(a)
+#undef _mm512_cvtps_pd
+#define _mm512_cvtps_pd(a) emu_cvtps_pd(a)
+#undef _mm512_extractf32x8_ps
+#define _mm512_extractf32x8_ps(a, imm) emu_extractf32x8_ps((a), (imm))
+
 #endif /* MHA_TESTS_AVX512_EMULATION_H */

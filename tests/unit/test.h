@@ -128,4 +128,9 @@ char *test_slurp(const char *path, size_t *len);
 /* Occurrences of needle in s (overlapping ones too). */
 int test_count(const char *s, const char *needle);
 
+/* For the tests of an avx512 refusal: MHA_TEST_AVX512 unset (the emulated
+ * loops off), then put back as it was. */
+void test_avx512_emulation_off(void);
+void test_avx512_emulation_restore(void);
+
 #endif

@@ -1,18 +1,24 @@
 /* test_attention_short.c - the short-text attention of the trained encoder
  * (src/kernels/attention_short.h): its reference against mha_sdpa_forward
  * (the library's attention, itself checked against PyTorch), and the avx2
- * kernel against the reference.
+ * and avx512 kernels against the reference.
  *
  * Letters: L tokens, H heads, d head width.  q, k, v are column blocks of
  * one (L, 3 H d + 5) buffer as in the encoder; ctx rows H d + 3 apart with
  * guard values in the gaps.  Shapes: L in {1, 2, 7, 8, 9, 37, 100, 256}
  * (every tail of the 8-key vectors and 4-row blocks), H in {1, 3, 12}; d in
  * {1, 5, 8, 32, 33, 64} for the reference, the multiples of 8 up to 64 for
- * avx2.  Bound: per element |diff| <= 2e-6 (1 + max |v|) (the softmax
- * weights sum to 1, so a row is a convex mix of v rows).
+ * avx2.  avx512 (emulated where the CPU lacks it): L in {1, 2, 7, 8, 9,
+ * 15, 16, 17, 37, 100, 128, 130} (every tail of the 16-key vectors, the
+ * 32-key panels and the 8-row blocks), d in {1, 5, 16, 17, 31, 32, 33, 48,
+ * 64, 80} (every head-column mask), half of them with q|k|v and ctx rows
+ * packed as tightly as the encoder's.  Bound: per element |diff| <= 2e-6 (1 +
+ * max |v|) (the softmax weights sum to 1, so a row is a convex mix of v
+ * rows).
  */
 #include "test.h"
 
+#include "internal.h" /* mha_avx512_runs, mha_cpu_has_avx512 */
 #include "kernels/attention_short.h"
 
 #define GUARD 777.0f
@@ -22,8 +28,13 @@ typedef struct {
     float *qkv, *ws, *got, *want;
 } short_case;
 
-static void case_make(short_case *c, int64_t L, int64_t H, int64_t d, uint64_t seed) {
-    c->L = L, c->H = H, c->d = d, c->ld = 3 * H * d + 5, c->ldo = H * d + 3;
+/* tight: ld = 3 H d and ldo = H d exactly, as the encoder passes them
+ * (nothing past the last v row or ctx row: under ASan a lane read or
+ * written past d faults); else gaps of 5 and 3 floats. */
+static void case_make_ld(short_case *c, int64_t L, int64_t H, int64_t d, uint64_t seed,
+                         bool tight) {
+    c->L = L, c->H = H, c->d = d;
+    c->ld = 3 * H * d + (tight ? 0 : 5), c->ldo = H * d + (tight ? 0 : 3);
     c->qkv = malloc(sizeof(float) * (size_t)(L * c->ld));
     test_randn(c->qkv, (size_t)(L * c->ld), seed);
     c->ws = malloc(sizeof(float) * (size_t)mha_attn_short_ws_floats(L, d));
@@ -31,6 +42,10 @@ static void case_make(short_case *c, int64_t L, int64_t H, int64_t d, uint64_t s
     c->want = malloc(sizeof(float) * (size_t)(L * c->ldo));
     for (int64_t e = 0; e < L * c->ldo; e++)
         c->got[e] = c->want[e] = GUARD;
+}
+
+static void case_make(short_case *c, int64_t L, int64_t H, int64_t d, uint64_t seed) {
+    case_make_ld(c, L, H, d, seed, false);
 }
 
 static void case_free(short_case *c) {
@@ -107,34 +122,100 @@ TEST(attention_short_avx2_matches_ref) {
             }
 }
 
-TEST(attention_short_avx2_large_scores) {
-    /* scores far apart (a one-hot softmax) and equal (a plain mean): no
-     * overflow, no NaN, the limits exactly where they are exact */
-    if (!mha_cpu_has_avx2_fma())
-        SKIP("no AVX2+FMA on this CPU");
+/* The kernel under test: avx2 or avx512 (the emulated loop where the CPU
+ * lacks AVX-512). */
+typedef enum { ON_AVX2, ON_AVX512 } short_kernel;
+
+static mha_status run_on(short_kernel kernel, short_case *c, float scale) {
+    const int64_t D = c->H * c->d;
+    if (kernel == ON_AVX512)
+        return mha_attn_short_f32_avx512(c->got, c->ldo, c->qkv, c->qkv + D, c->qkv + 2 * D,
+                                         c->ld, c->L, c->H, c->d, scale, c->ws);
+    mha_attn_short_f32_avx2(c->got, c->ldo, c->qkv, c->qkv + D, c->qkv + 2 * D, c->ld, c->L,
+                            c->H, c->d, scale, c->ws);
+    return MHA_OK;
+}
+
+/* Scores far apart (a one-hot softmax) and equal (a plain mean): no
+ * overflow, no NaN, the limits exactly where they are exact. */
+static void large_scores(short_kernel kernel, int64_t L, int64_t D) {
     short_case c;
-    case_make(&c, 9, 1, 8, 9);
-    const int64_t D = 8;
-    for (int64_t i = 0; i < 9; i++)
+    case_make(&c, L, 1, D, 9);
+    for (int64_t i = 0; i < L; i++)
         for (int64_t e = 0; e < D; e++) {
             c.qkv[i * c.ld + e] = 30.0f;                             /* q */
             c.qkv[i * c.ld + D + e] = i == 4 ? 30.0f : -30.0f;       /* k: key 4 wins */
         }
-    mha_attn_short_f32_avx2(c.got, c.ldo, c.qkv, c.qkv + D, c.qkv + 2 * D, c.ld, 9, 1, D, 1.0f,
-                            c.ws);
-    for (int64_t i = 0; i < 9; i++)
+    CHECK_STATUS(run_on(kernel, &c, 1.0f), MHA_OK);
+    for (int64_t i = 0; i < L; i++)
         for (int64_t e = 0; e < D; e++)
             CHECK(c.got[i * c.ldo + e] == c.qkv[4 * c.ld + 2 * D + e]);
-    for (int64_t i = 0; i < 9; i++)
+    for (int64_t i = 0; i < L; i++)
         for (int64_t e = 0; e < D; e++)
             c.qkv[i * c.ld + D + e] = 1.0f; /* every key alike */
-    mha_attn_short_f32_avx2(c.got, c.ldo, c.qkv, c.qkv + D, c.qkv + 2 * D, c.ld, 9, 1, D, 1.0f,
-                            c.ws);
+    CHECK_STATUS(run_on(kernel, &c, 1.0f), MHA_OK);
     for (int64_t e = 0; e < D; e++) {
         double mean = 0;
-        for (int64_t j = 0; j < 9; j++)
-            mean += c.qkv[j * c.ld + 2 * D + e] / 9.0;
+        for (int64_t j = 0; j < L; j++)
+            mean += c.qkv[j * c.ld + 2 * D + e] / (double)L;
         CHECK(fabs(c.got[e] - mean) <= 1e-6 * (1 + fabs(mean)));
     }
     case_free(&c);
+}
+
+TEST(attention_short_avx2_large_scores) {
+    if (!mha_cpu_has_avx2_fma())
+        SKIP("no AVX2+FMA on this CPU");
+    large_scores(ON_AVX2, 9, 8);
+}
+
+/* ---- the avx512 loop (attention_short_avx512.c) ------------------------------------ */
+
+TEST(attention_short_avx512_matches_ref) {
+    if (!mha_avx512_runs())
+        SKIP("avx512: this CPU lacks AVX-512 and the test library has no emulation");
+    static const int64_t L5[] = {1, 2, 7, 8, 9, 15, 16, 17, 37, 100, 128, 130};
+    static const int64_t d5[] = {1, 5, 16, 17, 31, 32, 33, 48, 64, 80};
+    uint64_t seed = 4000;
+    for (size_t a = 0; a < sizeof L5 / sizeof *L5; a++)
+        for (size_t b = 0; b < sizeof Hs / sizeof *Hs; b++)
+            for (size_t k = 0; k < sizeof d5 / sizeof *d5; k++) {
+                const int64_t L = L5[a], H = Hs[b], d = d5[k];
+                short_case c;
+                case_make_ld(&c, L, H, d, seed++, (a + b + k) % 2 == 0); /* each d both ways */
+                const float scale = 1.0f / sqrtf((float)d);
+                mha_attn_short_f32_ref(c.want, c.ldo, c.qkv, c.qkv + H * d, c.qkv + 2 * H * d,
+                                       c.ld, L, H, d, scale, c.ws);
+                for (int64_t e = 0; e < mha_attn_short_ws_floats(L, d); e++)
+                    c.ws[e] = NAN; /* the kernel must not read workspace it did not write */
+                CHECK_STATUS(run_on(ON_AVX512, &c, scale), MHA_OK);
+                compare(&c, "avx512 vs ref");
+                case_free(&c);
+            }
+}
+
+TEST(attention_short_avx512_large_scores) {
+    if (!mha_avx512_runs())
+        SKIP("avx512: this CPU lacks AVX-512 and the test library has no emulation");
+    large_scores(ON_AVX512, 9, 8);
+    large_scores(ON_AVX512, 37, 32); /* a 16-key tail, the encoder's d */
+}
+
+/* Asked for where it cannot run (emulation off, no AVX-512):
+ * MHA_ERR_UNSUPPORTED naming AVX-512, ctx untouched. */
+TEST(attention_short_avx512_unsupported_is_an_error) {
+    if (mha_cpu_has_avx512())
+        SKIP("this CPU has AVX-512: the refusal is not reachable");
+    test_avx512_emulation_off();
+    short_case c;
+    case_make(&c, 7, 2, 32, 77);
+    CHECK_STATUS(run_on(ON_AVX512, &c, 1.0f), MHA_ERR_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("AVX-512");
+    for (int64_t e = 0; e < c.L * c.ldo; e++)
+        if (c.got[e] != GUARD) {
+            CHECK(c.got[e] == GUARD);
+            break;
+        }
+    case_free(&c);
+    test_avx512_emulation_restore();
 }

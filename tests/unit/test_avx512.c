@@ -74,11 +74,7 @@ TEST(avx512_bf16_native) {
 TEST(avx512_unsupported_is_an_error) {
     if (mha_cpu_has_avx512())
         SKIP("this CPU has AVX-512: the refusal is not reachable");
-    const char *saved = getenv("MHA_TEST_AVX512");
-    char keep[32] = "";
-    if (saved)
-        snprintf(keep, sizeof keep, "%s", saved);
-    unsetenv("MHA_TEST_AVX512");
+    test_avx512_emulation_off();
     static float out[2 * 37 * 24];
     for (int i = 0; i < 2 * 37 * 24; i++)
         out[i] = 7.0f;
@@ -94,6 +90,5 @@ TEST(avx512_unsupported_is_an_error) {
     for (int i = 0; i < GRAD_FLOATS; i++)
         changed += grad[i] != 7.0f;
     CHECK(changed == 0);
-    if (saved)
-        setenv("MHA_TEST_AVX512", keep, 1);
+    test_avx512_emulation_restore();
 }

@@ -149,3 +149,19 @@ int test_count(const char *s, const char *needle) {
         n++;
     return n;
 }
+
+static char avx512_saved[32];
+static bool avx512_was_set;
+
+void test_avx512_emulation_off(void) {
+    const char *v = getenv("MHA_TEST_AVX512");
+    avx512_was_set = v != NULL;
+    if (v)
+        snprintf(avx512_saved, sizeof avx512_saved, "%s", v);
+    unsetenv("MHA_TEST_AVX512");
+}
+
+void test_avx512_emulation_restore(void) {
+    if (avx512_was_set)
+        setenv("MHA_TEST_AVX512", avx512_saved, 1);
+}

@@ -1,0 +1,156 @@
+/* attention_short_avx512.c - the short-text attention (attention_short.h)
+ * with AVX-512 (F/DQ/BW/VL).  Letters: L tokens, H heads, d head width (any
+ * d >= 1), Lp = L rounded up to 16 (one ZMM of keys), R = 8 query rows.
+ * Compiled with AVX512_FLAGS; reached only through mha_attn_short_f32_avx512
+ * (attention_short.c), after mha_avx512_runs() - natively or emulated.
+ *
+ * Per head: K^T (d, Lp) is gathered once (zeros past L).  Per block of R = 8
+ * query rows:
+ *   S (8, Lp) = scale * q K^T       (mm_block: A = the q rows, B = K^T)
+ *   per row  p = exp(s - max s), l = sum p   (16 keys a vector, the last
+ *            one under a mask: keys past L are neither maxed nor summed)
+ *   ctx (8, d) = P V / l            (mm_block: A = the P rows, B = the v
+ *            rows read in place, the last head column vector under a mask)
+ *
+ * Register blocking (mm_block): C (8, 32) += A (8, K) B (K, 32) as 8 rows x
+ * 2 ZMM = 16 accumulators; per step of K 2 loads of B, 8 broadcasts of A
+ * and 16 FMAs (10 loads per 16 FMAs: the FMA ports, not the two load
+ * ports, bound it), 19 of the 32 ZMM registers live.  Both products are the
+ * same block because both have a short B row (32 keys of K^T, or d = 32
+ * columns of v) and a long, cheap-to-broadcast A: the encoder's d = 32 is
+ * exactly one 2-ZMM panel, so P V runs 8 independent rows at once instead
+ * of the avx2 kernel's one row (4 chains of FMAs waiting on each other).
+ * Panels narrower than 32 (the last 16 keys of Lp; d = 16; a d tail) take
+ * the 8 x 1 ZMM block; partial vectors are masked loads and stores, never
+ * scalar tails.  Rows past the text (L not a multiple of 8) repeat the
+ * block's first row and are not stored.  8 rows, not the flash kernel's 6:
+ * the encoder's L = 128 (and 40, 64, ...) is a whole number of blocks, and
+ * 16 accumulators leave room for the broadcasts.
+ *
+ * Memory: one head's K^T and V (L d floats each, 16 KB at L = 128, d = 32)
+ * and S (8 Lp) stay in L1 for the whole head.  The gather of K^T is d L
+ * scalar moves per head, 1/L of the FMAs.
+ *
+ * Every value depends only on the text (sums in a fixed order: c, then j):
+ * bits do not depend on the batch or the threads.  exp is exp_softmax512
+ * (max relative error 1.9e-7); the avx2 kernel's exp256 has 1-2 ulp, so
+ * the two kernels agree within the tests' bound, not bit for bit.
+ */
+#include "attention_short.h"
+
+#include <math.h>
+
+#include "simd_avx512.h"
+
+enum { R = 8, NV = 16 }; /* query rows per block; floats per ZMM */
+
+/* C (R, nv*16) = A (R, K) B (K, nv*16), nv = 1 or 2 (a constant when inlined):
+ * a[r] is A's row r (step 1), B's rows ldb apart with columns under m0, m1.
+ * Epilogue: row r < rows is stored to c[r] (same masks) as acc * f (div =
+ * 0) or acc / f[r] (div = 1). */
+static inline __attribute__((always_inline)) void
+mm_block(float *const c[R], const float *const a[R], const float *b, int64_t ldb, int64_t K,
+         __mmask16 m0, __mmask16 m1, int rows, const float *f, const int div, const int nv) {
+    __m512 acc[R][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const float *bk = b + k * ldb;
+        const __m512 b0 = _mm512_maskz_loadu_ps(m0, bk);
+        const __m512 b1 = nv == 2 ? _mm512_maskz_loadu_ps(m1, bk + NV) : b0;
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const __m512 x = _mm512_set1_ps(a[r][k]);
+            acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
+            if (nv == 2)
+                acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        if (r >= rows)
+            break;
+        const __m512 fr = _mm512_set1_ps(div ? f[r] : f[0]);
+        __m512 y0 = div ? _mm512_div_ps(acc[r][0], fr) : _mm512_mul_ps(acc[r][0], fr);
+        _mm512_mask_storeu_ps(c[r], m0, y0);
+        if (nv == 2) {
+            __m512 y1 = div ? _mm512_div_ps(acc[r][1], fr) : _mm512_mul_ps(acc[r][1], fr);
+            _mm512_mask_storeu_ps(c[r] + NV, m1, y1);
+        }
+    }
+}
+
+/* C (rows, n) = A B as above over column panels of 32 (c[r], B advance with
+ * the panel); the last panel's vectors under masks.  div as in mm_block. */
+static void mm_rows(float *const c[R], const float *const a[R], const float *b, int64_t ldb,
+                    int64_t K, int64_t n, int rows, const float *f, const int div) {
+    for (int64_t p = 0; p < n; p += 2 * NV) {
+        float *cp[R];
+        for (int r = 0; r < R; r++)
+            cp[r] = c[r] + p;
+        const int64_t left = n - p;
+        if (left > NV) {
+            if (div)
+                mm_block(cp, a, b + p, ldb, K, mask16(left), mask16(left - NV), rows, f, 1, 2);
+            else
+                mm_block(cp, a, b + p, ldb, K, mask16(left), mask16(left - NV), rows, f, 0, 2);
+        } else {
+            if (div)
+                mm_block(cp, a, b + p, ldb, K, mask16(left), 0, rows, f, 1, 1);
+            else
+                mm_block(cp, a, b + p, ldb, K, mask16(left), 0, rows, f, 0, 1);
+        }
+    }
+}
+
+/* s (L) = exp(s - max s) in place; returns the sum.  s has Lp floats; the
+ * lanes past L are left alone (the P V product reads only keys < L). */
+static float softmax_row(float *s, int64_t L) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < L; j += NV) {
+        const __mmask16 k = mask16(L - j);
+        mx = _mm512_mask_max_ps(mx, k, mx, _mm512_maskz_loadu_ps(k, s + j));
+    }
+    const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < L; j += NV) {
+        const __mmask16 k = mask16(L - j);
+        const __m512 e = _mm512_maskz_mov_ps(
+            k, exp_softmax512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm)));
+        _mm512_mask_storeu_ps(s + j, k, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+/* The kernel (attention_short.h's signature; ws: mha_attn_short_ws_floats). */
+static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const float *k,
+                              const float *v, int64_t ld, int64_t L, int64_t H, int64_t d,
+                              float scale, float *ws) {
+    const int64_t Lp = (L + NV - 1) / NV * NV;
+    float *kt = ws, *S = ws + d * Lp; /* K^T (d, Lp), scores (R, Lp) */
+    for (int64_t h = 0; h < H; h++) {
+        for (int64_t j = 0; j < Lp; j++)
+            for (int64_t c = 0; c < d; c++)
+                kt[c * Lp + j] = j < L ? k[j * ld + h * d + c] : 0.0f;
+        for (int64_t i0 = 0; i0 < L; i0 += R) {
+            const int rows = L - i0 < R ? (int)(L - i0) : R;
+            const float *qr[R], *pr[R];
+            float *sr[R], *orow[R], l[R];
+            for (int r = 0; r < R; r++) { /* rows past the text repeat row 0 */
+                const int64_t i = i0 + (r < rows ? r : 0);
+                qr[r] = q + i * ld + h * d;
+                sr[r] = S + (r < rows ? r : 0) * Lp;
+                pr[r] = sr[r];
+                orow[r] = ctx + i * ldo + h * d;
+            }
+            mm_rows(sr, qr, kt, Lp, d, Lp, rows, &scale, 0);
+            for (int r = 0; r < rows; r++)
+                l[r] = softmax_row(sr[r], L);
+            mm_rows(orow, pr, v + h * d, ld, L, d, rows, l, 1);
+        }
+    }
+}
+
+const mha_attn_short_fn MHA_AVX512_SYMBOL(mha_attn_short_avx512_loop) = attn_short_avx512;

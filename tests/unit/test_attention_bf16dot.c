@@ -384,3 +384,38 @@ TEST(attention_bf16dot_threads_bit_identical) {
     mha_set_num_threads(saved);
     bdata_free(&x);
 }
+
+/* The workspace bound (planned on the float32 layout) covers the bf16 pair
+ * layouts: with that much caller scratch a bf16 run allocates nothing. */
+TEST(attention_bf16dot_scratch_bound_covers_pairs) {
+    if (!bf16_loops())
+        return;
+    const bcase c = {2, 6, 3, 150, 1000, 65, 24, MHA_CAUSAL_NONE, false, true, false, false, 0,
+                     false};
+    bdata x;
+    bdata_make(&x, &c, 1100);
+    bout ref, y;
+    bout_alloc(&ref, &c), bout_alloc(&y, &c);
+    mha_tensor o;
+    const int64_t so[4] = {c.B, c.Hq, c.L, c.dv};
+    mha_tensor_init(&o, MHA_F32, y.o, 4, so);
+    mha_sdpa_options opt;
+    mha_sdpa_options_init(&opt);
+    opt.attn_mask = &x.mask_t;
+    mha_attn_problem p;
+    memset(&p, 0, sizeof p);
+    REQUIRE_OK(mha_sdpa_problem_init(&p, &x.th[0], &x.th[1], &x.th[2], &o, &opt));
+    const size_t bytes = mha_attn_flash_scratch_bound(c.B, c.Hkv, c.S, c.d, c.dv, mha_threads());
+    REQUIRE(bytes > 0);
+    p.scratch = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    p.scratch_bytes = bytes;
+    REQUIRE(p.scratch);
+    const int64_t before = mha_test_alloc_count();
+    CHECK_STATUS(mha_attn_run(&p, MHA_KERNEL_AVX512), MHA_OK);
+    CHECK(mha_test_alloc_count() == before);
+    REQUIRE_OK(run(&ref, &c, &x, &x.th[0], &x.th[1], &x.th[2], MHA_KERNEL_REF));
+    CHECK(test_rel_err(y.o, ref.o, (size_t)(c.B * c.Hq * c.L * c.dv)) <= 2e-3);
+    free(p.scratch);
+    bout_free(&ref), bout_free(&y);
+    bdata_free(&x);
+}

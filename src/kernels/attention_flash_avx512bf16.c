@@ -41,6 +41,7 @@
  */
 #include "attention_flash.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 #include "simd_avx512.h"
@@ -54,71 +55,48 @@ static inline __m512bh as_bh(__m512i x) {
     return r;
 }
 
-/* 6 rows x 2 panels: acc[r][0..1] += pair a[r] . (b0 | b1); a's row r at
- * a + r*lda (pairs). */
-#define DOT2_STEP(a, lda, j, b0, b1)                                                          \
-    do {                                                                                      \
-        __m512bh x_;                                                                          \
-        x_ = as_bh(_mm512_set1_epi32((int)(a)[j]));                                           \
-        c00 = _mm512_dpbf16_ps(c00, x_, b0), c01 = _mm512_dpbf16_ps(c01, x_, b1);             \
-        x_ = as_bh(_mm512_set1_epi32((int)(a)[(lda) + (j)]));                                 \
-        c10 = _mm512_dpbf16_ps(c10, x_, b0), c11 = _mm512_dpbf16_ps(c11, x_, b1);             \
-        x_ = as_bh(_mm512_set1_epi32((int)(a)[2 * (lda) + (j)]));                             \
-        c20 = _mm512_dpbf16_ps(c20, x_, b0), c21 = _mm512_dpbf16_ps(c21, x_, b1);             \
-        x_ = as_bh(_mm512_set1_epi32((int)(a)[3 * (lda) + (j)]));                             \
-        c30 = _mm512_dpbf16_ps(c30, x_, b0), c31 = _mm512_dpbf16_ps(c31, x_, b1);             \
-        x_ = as_bh(_mm512_set1_epi32((int)(a)[4 * (lda) + (j)]));                             \
-        c40 = _mm512_dpbf16_ps(c40, x_, b0), c41 = _mm512_dpbf16_ps(c41, x_, b1);             \
-        x_ = as_bh(_mm512_set1_epi32((int)(a)[5 * (lda) + (j)]));                             \
-        c50 = _mm512_dpbf16_ps(c50, x_, b0), c51 = _mm512_dpbf16_ps(c51, x_, b1);             \
-    } while (0)
-
-#define DOT1_STEP(a, lda, j, b0)                                                              \
-    do {                                                                                      \
-        c00 = _mm512_dpbf16_ps(c00, as_bh(_mm512_set1_epi32((int)(a)[j])), b0);               \
-        c10 = _mm512_dpbf16_ps(c10, as_bh(_mm512_set1_epi32((int)(a)[(lda) + (j)])), b0);     \
-        c20 = _mm512_dpbf16_ps(c20, as_bh(_mm512_set1_epi32((int)(a)[2 * (lda) + (j)])), b0); \
-        c30 = _mm512_dpbf16_ps(c30, as_bh(_mm512_set1_epi32((int)(a)[3 * (lda) + (j)])), b0); \
-        c40 = _mm512_dpbf16_ps(c40, as_bh(_mm512_set1_epi32((int)(a)[4 * (lda) + (j)])), b0); \
-        c50 = _mm512_dpbf16_ps(c50, as_bh(_mm512_set1_epi32((int)(a)[5 * (lda) + (j)])), b0); \
-    } while (0)
+/* The register block: c (MR, np*NR) rows ld ldc = (acc: c +, else 0 +)
+ * a (MR, steps) pairs rows ld lda . b, np = 1 or 2 panels of (steps, NR)
+ * pairs bstep pairs apart.  Inlined with a constant np, the 6 x np
+ * accumulators live in ZMM registers (GCC unrolls the r and u loops). */
+static inline __attribute__((always_inline)) void dot_block(float *c, int64_t ldc, bool acc,
+                                                            const uint32_t *a, int64_t lda,
+                                                            const uint32_t *b, int64_t bstep,
+                                                            int64_t steps, const int np) {
+    __m512 x[MR][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 2
+        for (int u = 0; u < np; u++)
+            x[r][u] = acc ? _mm512_loadu_ps(c + r * ldc + u * NR) : _mm512_setzero_ps();
+    for (int64_t t = 0; t < steps; t++) {
+        __m512bh bv[2];
+#pragma GCC unroll 2
+        for (int u = 0; u < np; u++)
+            bv[u] = as_bh(_mm512_load_si512(b + u * bstep + t * NR));
+#pragma GCC unroll 6
+        for (int r = 0; r < MR; r++) {
+            const __m512bh av = as_bh(_mm512_set1_epi32((int)a[r * lda + t]));
+#pragma GCC unroll 2
+            for (int u = 0; u < np; u++)
+                x[r][u] = _mm512_dpbf16_ps(x[r][u], av, bv[u]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 2
+        for (int u = 0; u < np; u++)
+            _mm512_storeu_ps(c + r * ldc + u * NR, x[r][u]);
+}
 
 /* s (MR, npanels*NR) = q (MR, d2) pairs . kp^T (npanels, d2, NR) pairs */
 static void qk_bf16_avx512(float *s, int64_t lds, const uint32_t *q, int64_t ldq,
                            const uint32_t *kp, int64_t d2, int64_t npanels) {
     int64_t p = 0;
-    for (; p + 2 <= npanels; p += 2) {
-        const uint32_t *k0 = kp + p * d2 * NR, *k1 = k0 + d2 * NR;
-        __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,
-               c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-        for (int64_t c = 0; c < d2; c++) {
-            const __m512bh b0 = as_bh(_mm512_load_si512(k0 + c * NR));
-            const __m512bh b1 = as_bh(_mm512_load_si512(k1 + c * NR));
-            DOT2_STEP(q, ldq, c, b0, b1);
-        }
-        float *o = s + p * NR;
-        _mm512_storeu_ps(o, c00), _mm512_storeu_ps(o + NR, c01), o += lds;
-        _mm512_storeu_ps(o, c10), _mm512_storeu_ps(o + NR, c11), o += lds;
-        _mm512_storeu_ps(o, c20), _mm512_storeu_ps(o + NR, c21), o += lds;
-        _mm512_storeu_ps(o, c30), _mm512_storeu_ps(o + NR, c31), o += lds;
-        _mm512_storeu_ps(o, c40), _mm512_storeu_ps(o + NR, c41), o += lds;
-        _mm512_storeu_ps(o, c50), _mm512_storeu_ps(o + NR, c51);
-    }
-    if (p < npanels) {
-        const uint32_t *k0 = kp + p * d2 * NR;
-        __m512 c00 = _mm512_setzero_ps(), c10 = c00, c20 = c00, c30 = c00, c40 = c00, c50 = c00;
-        for (int64_t c = 0; c < d2; c++) {
-            const __m512bh b0 = as_bh(_mm512_load_si512(k0 + c * NR));
-            DOT1_STEP(q, ldq, c, b0);
-        }
-        float *o = s + p * NR;
-        _mm512_storeu_ps(o, c00), o += lds;
-        _mm512_storeu_ps(o, c10), o += lds;
-        _mm512_storeu_ps(o, c20), o += lds;
-        _mm512_storeu_ps(o, c30), o += lds;
-        _mm512_storeu_ps(o, c40), o += lds;
-        _mm512_storeu_ps(o, c50);
-    }
+    for (; p + 2 <= npanels; p += 2)
+        dot_block(s + p * NR, lds, false, q, ldq, kp + p * d2 * NR, d2 * NR, d2, 2);
+    if (p < npanels)
+        dot_block(s + p * NR, lds, false, q, ldq, kp + p * d2 * NR, d2 * NR, d2, 1);
 }
 
 /* pp (MR, BC/2) pairs = p (MR, n) rows ld ldp as bf16, zero past n: 32
@@ -141,47 +119,12 @@ static void pv_bf16_avx512(float *o, int64_t ldo, const float *p, int64_t ldp,
                            const uint32_t *vp, int64_t n, int64_t dvp) {
     _Alignas(64) uint32_t pp[MR][BC / 2];
     p_to_pairs(pp, p, ldp, n);
-    const uint32_t *a = &pp[0][0];
-    const int64_t lda = BC / 2, n2 = (n + 1) / 2, np = dvp / NR;
+    const int64_t n2 = (n + 1) / 2, np = dvp / NR, vstep = (BC / 2) * NR;
     int64_t cp = 0;
-    for (; cp + 2 <= np; cp += 2) {
-        const uint32_t *v0 = vp + cp * (BC / 2) * NR, *v1 = v0 + (BC / 2) * NR;
-        float *oc = o + cp * NR;
-        __m512 c00 = _mm512_loadu_ps(oc), c01 = _mm512_loadu_ps(oc + NR);
-        __m512 c10 = _mm512_loadu_ps(oc + ldo), c11 = _mm512_loadu_ps(oc + ldo + NR);
-        __m512 c20 = _mm512_loadu_ps(oc + 2 * ldo), c21 = _mm512_loadu_ps(oc + 2 * ldo + NR);
-        __m512 c30 = _mm512_loadu_ps(oc + 3 * ldo), c31 = _mm512_loadu_ps(oc + 3 * ldo + NR);
-        __m512 c40 = _mm512_loadu_ps(oc + 4 * ldo), c41 = _mm512_loadu_ps(oc + 4 * ldo + NR);
-        __m512 c50 = _mm512_loadu_ps(oc + 5 * ldo), c51 = _mm512_loadu_ps(oc + 5 * ldo + NR);
-        for (int64_t j = 0; j < n2; j++) {
-            const __m512bh b0 = as_bh(_mm512_load_si512(v0 + j * NR));
-            const __m512bh b1 = as_bh(_mm512_load_si512(v1 + j * NR));
-            DOT2_STEP(a, lda, j, b0, b1);
-        }
-        _mm512_storeu_ps(oc, c00), _mm512_storeu_ps(oc + NR, c01), oc += ldo;
-        _mm512_storeu_ps(oc, c10), _mm512_storeu_ps(oc + NR, c11), oc += ldo;
-        _mm512_storeu_ps(oc, c20), _mm512_storeu_ps(oc + NR, c21), oc += ldo;
-        _mm512_storeu_ps(oc, c30), _mm512_storeu_ps(oc + NR, c31), oc += ldo;
-        _mm512_storeu_ps(oc, c40), _mm512_storeu_ps(oc + NR, c41), oc += ldo;
-        _mm512_storeu_ps(oc, c50), _mm512_storeu_ps(oc + NR, c51);
-    }
-    if (cp < np) {
-        const uint32_t *v0 = vp + cp * (BC / 2) * NR;
-        float *oc = o + cp * NR;
-        __m512 c00 = _mm512_loadu_ps(oc), c10 = _mm512_loadu_ps(oc + ldo);
-        __m512 c20 = _mm512_loadu_ps(oc + 2 * ldo), c30 = _mm512_loadu_ps(oc + 3 * ldo);
-        __m512 c40 = _mm512_loadu_ps(oc + 4 * ldo), c50 = _mm512_loadu_ps(oc + 5 * ldo);
-        for (int64_t j = 0; j < n2; j++) {
-            const __m512bh b0 = as_bh(_mm512_load_si512(v0 + j * NR));
-            DOT1_STEP(a, lda, j, b0);
-        }
-        _mm512_storeu_ps(oc, c00), oc += ldo;
-        _mm512_storeu_ps(oc, c10), oc += ldo;
-        _mm512_storeu_ps(oc, c20), oc += ldo;
-        _mm512_storeu_ps(oc, c30), oc += ldo;
-        _mm512_storeu_ps(oc, c40), oc += ldo;
-        _mm512_storeu_ps(oc, c50);
-    }
+    for (; cp + 2 <= np; cp += 2)
+        dot_block(o + cp * NR, ldo, true, &pp[0][0], BC / 2, vp + cp * vstep, vstep, n2, 2);
+    if (cp < np)
+        dot_block(o + cp * NR, ldo, true, &pp[0][0], BC / 2, vp + cp * vstep, vstep, n2, 1);
 }
 
 const mha_flash_bf16 MHA_AVX512_SYMBOL(mha_flash_bf16_avx512) = {"avx512bf16", qk_bf16_avx512,

@@ -344,7 +344,10 @@ MHA_API void mha_sdpa_options_init(mha_sdpa_options *opt);
  * before the P.V product (where FlashAttention converts P), the row sum
  * uses the unrounded P, and attn_weights stays unrounded; out is rounded
  * once from the float32 result.  The reference kernel (MHA_KERNEL_REF)
- * follows the same rule with float64 sums. */
+ * follows the same rule with float64 sums.  On AVX512_BF16 CPUs the avx512
+ * kernel takes q.k (q and k bf16, onnx_scale off) and P.V (v bf16) as
+ * vdpbf16ps dot products of bf16 pairs: the products are exact in float32
+ * and summed in float32 (magnitudes below 2^-126 count as 0). */
 MHA_API mha_status mha_sdpa_forward(mha_tensor *out, const mha_tensor *q,
                                     const mha_tensor *k, const mha_tensor *v,
                                     const mha_sdpa_options *opt);

@@ -136,10 +136,15 @@ static const mha_flash_isa isa_scalar = {"scalar",          qk_scalar,      pv_s
 typedef struct flash_plan {
     const mha_attn_problem *p;
     const mha_flash_isa *isa;
+    const mha_flash_bf16 *dot; /* the bf16 loops, or NULL                  */
+    bool bf16_qk;       /* q, k bf16: Q.K^T on pairs (dot->qk)             */
+    bool bf16_pv;       /* v bf16: P.V on pairs (dot->pv)                  */
+    int64_t d2;         /* ceil(d/2): pairs per packed q or k row          */
+    int64_t kblock, vblock; /* floats of one packed K block, V block       */
     int64_t G;          /* query heads per kv head                         */
     int64_t nqb, nkb;   /* query tiles, key blocks                         */
     int64_t dvp;        /* dv rounded up to NR                             */
-    int64_t pair_floats;/* packed K and V of one (b, kv head)              */
+    int64_t pair_floats;/* packed K and V of one (b, kv head): nkb blocks  */
     bool has_bias;      /* a mask, key padding, window, key lengths or ALiBi */
     bool ext_bias;      /* window, key lengths or ALiBi: mha_attn_bias      */
     float scale;        /* of the product (1 with the ONNX scale: packed in) */
@@ -164,9 +169,27 @@ static void load_row(const flash_plan *pl, float *dst, int64_t dstep, const mha_
     }
 }
 
+/* The bf16 pair layouts of attention_flash.h, in bf16 elements: element
+ * (key j, channel c) of a packed K block (BC/NR, d2, NR) pairs and of a
+ * packed V block (dvp/NR, BC/2, NR) pairs. */
+static int64_t kpair_at(int64_t d2, int64_t j, int64_t c) {
+    return ((j / NR) * d2 * NR + (c / 2) * NR + j % NR) * 2 + c % 2;
+}
+static int64_t vpair_at(int64_t j, int64_t c) {
+    return ((c / NR) * (BC / 2) * NR + (j / 2) * NR + c % NR) * 2 + j % 2;
+}
+
+/* Element (j, c) of a packed V block (float32 or pairs), widened. */
+static float packed_v(const flash_plan *pl, const float *vp, int64_t j, int64_t c) {
+    if (pl->bf16_pv)
+        return mha_bf16_to_float(((const uint16_t *)vp)[vpair_at(j, c)]);
+    return vp[(c / NR) * BC * NR + j * NR + c % NR];
+}
+
 /* Packs key block kb of pair (b, hk) into kp (BC/NR, d, NR) and vp
- * (dvp/NR, BC, NR), zero padded; returns true when V holds a non-finite
- * value in the block's real rows. */
+ * (dvp/NR, BC, NR), or their bf16 pair layouts (bf16_qk, bf16_pv: the bits
+ * copied), zero padded; returns true when V holds a non-finite value in the
+ * block's real rows. */
 static bool pack_kv_block(const flash_plan *pl, int64_t b, int64_t hk, int64_t kb, float *kp,
                           float *vp) {
     const mha_attn_problem *p = pl->p;
@@ -176,18 +199,32 @@ static bool pack_kv_block(const flash_plan *pl, int64_t b, int64_t hk, int64_t k
     const int64_t v0 = b * p->v.stride[0] + hk * p->v.stride[1];
     /* ONNX: k * sqrt(scale), rounded, as the reference */
     const float ks = p->onnx_scale ? p->qk_scale : 1.0f;
-    memset(kp, 0, sizeof(float) * (size_t)(BC * d));
-    memset(vp, 0, sizeof(float) * (size_t)(BC * pl->dvp));
+    memset(kp, 0, sizeof(float) * (size_t)pl->kblock);
+    memset(vp, 0, sizeof(float) * (size_t)pl->vblock);
     bool nonfinite = false;
     for (int64_t j = 0; j < n; j++) {
-        load_row(pl, kp + (j / NR) * d * NR + j % NR, NR, &p->k, k0 + (j0 + j) * p->k.stride[2], d,
-                 ks);
+        const int64_t kr = k0 + (j0 + j) * p->k.stride[2], vr = v0 + (j0 + j) * p->v.stride[2];
+        if (pl->bf16_qk) {
+            const uint16_t *src = (const uint16_t *)p->k.data + kr;
+            for (int64_t c = 0; c < d; c++)
+                ((uint16_t *)kp)[kpair_at(pl->d2, j, c)] = src[c * p->k.stride[3]];
+        } else {
+            load_row(pl, kp + (j / NR) * d * NR + j % NR, NR, &p->k, kr, d, ks);
+        }
+        if (pl->bf16_pv) {
+            const uint16_t *src = (const uint16_t *)p->v.data + vr;
+            for (int64_t c = 0; c < dv; c++) {
+                const uint16_t x = src[c * p->v.stride[3]];
+                ((uint16_t *)vp)[vpair_at(j, c)] = x;
+                nonfinite |= (x & 0x7f80u) == 0x7f80u; /* exponent all ones */
+            }
+            continue;
+        }
         float *vd = vp + j * NR;
         for (int64_t c0 = 0; c0 < dv; c0 += NR) { /* one NR-column panel at a time */
             const int64_t nc = dv - c0 < NR ? dv - c0 : NR;
             float *panel = vd + (c0 / NR) * BC * NR;
-            load_row(pl, panel, 1, &p->v, v0 + (j0 + j) * p->v.stride[2] + c0 * p->v.stride[3],
-                     nc, 1.0f);
+            load_row(pl, panel, 1, &p->v, vr + c0 * p->v.stride[3], nc, 1.0f);
             for (int64_t c = 0; c < nc; c++)
                 nonfinite |= !isfinite(panel[c]);
         }
@@ -198,7 +235,7 @@ static bool pack_kv_block(const flash_plan *pl, int64_t b, int64_t hk, int64_t k
 /* ---- one work item ----------------------------------------------------------- */
 
 typedef struct flash_ws {
-    float *qp;   /* (BR, d)                   */
+    float *qp;   /* (BR, d), or (BR, d2) pairs */
     float *s;    /* (BR, BC)                  */
     float *bias; /* (BR, BC), when has_bias    */
     float *o;    /* (BR, dvp)                 */
@@ -267,13 +304,26 @@ static float row_scores_any(const flash_plan *pl, float *s, int64_t n, int64_t l
     return row_scores_loop(s, n, lim, pl->scale, cap, bias);
 }
 
+/* s rows g0..g0+MR (MR, npanels*NR) = the q tile's rows . the packed K
+ * block kp: on bf16 pairs (bf16_qk) or in float32. */
+static void tile_qk(const flash_plan *pl, const flash_ws *w, int64_t g0, const float *kp,
+                    int64_t npanels) {
+    if (pl->bf16_qk) {
+        pl->dot->qk(w->s + g0 * BC, BC, (const uint32_t *)w->qp + g0 * pl->d2, pl->d2,
+                    (const uint32_t *)kp, pl->d2, npanels);
+        return;
+    }
+    const int64_t d = pl->p->d;
+    pl->isa->qk(w->s + g0 * BC, BC, w->qp + g0 * d, d, kp, d, npanels);
+}
+
 /* S block for rows 0..rows of the tile: fills s, applies the epilogue per
  * row; ncg[g] receives the visible columns of row group g.  Returns false
  * when the whole block is masked for every row. */
 static bool score_block(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t h,
                         int64_t i0, int64_t rows, int64_t kb, const float *kp, int64_t *ncg) {
     const mha_attn_problem *p = pl->p;
-    const int64_t j0 = kb * BC, n = p->S - j0 < BC ? p->S - j0 : BC, d = p->d;
+    const int64_t j0 = kb * BC, n = p->S - j0 < BC ? p->S - j0 : BC;
     if (pl->has_bias && !build_bias(p, pl->ext_bias, b, h, i0, rows, j0, n, w->bias))
         return false;
     bool any = false;
@@ -281,7 +331,7 @@ static bool score_block(const flash_plan *pl, const flash_ws *w, int64_t b, int6
         int64_t g1 = g0 + MR < rows ? g0 + MR : rows;
         ncg[g] = group_cols(p, b, i0 + g1 - 1, j0, n);
         if (ncg[g] > 0) {
-            pl->isa->qk(w->s + g0 * BC, BC, w->qp + g0 * d, d, kp, d, (ncg[g] + NR - 1) / NR);
+            tile_qk(pl, w, g0, kp, (ncg[g] + NR - 1) / NR);
             any = true;
         }
     }
@@ -294,13 +344,11 @@ static bool score_block(const flash_plan *pl, const flash_ws *w, int64_t b, int6
 static void write_scores(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t h,
                          int64_t i0, int64_t rows, const float *kpack) {
     const mha_attn_problem *p = pl->p;
-    const int64_t d = p->d;
     float *qt = (float *)p->qk.data + b * p->qk.stride[0] + h * p->qk.stride[1];
     for (int64_t kb = 0; kb < pl->nkb; kb++) {
         const int64_t j0 = kb * BC, n = p->S - j0 < BC ? p->S - j0 : BC;
         for (int64_t g0 = 0; g0 < rows; g0 += MR)
-            pl->isa->qk(w->s + g0 * BC, BC, w->qp + g0 * d, d, kpack + kb * BC * d, d,
-                        (n + NR - 1) / NR);
+            tile_qk(pl, w, g0, kpack + kb * pl->kblock, (n + NR - 1) / NR);
         for (int64_t r = 0; r < rows; r++)
             for (int64_t j = 0; j < n; j++) {
                 float x = w->s[r * BC + j] * pl->scale;
@@ -315,20 +363,41 @@ static void write_scores(const flash_plan *pl, const flash_ws *w, int64_t b, int
     }
 }
 
-static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t h, int64_t hk,
-                     int64_t qb, const float *pair, const bool *vflags) {
+/* The query tile of rows i0..i0+rows of head (b, h) into w->qp: (BR, d)
+ * widened, or (BR, d2) bf16 pairs (bf16_qk); zero rows up to rowsp, a whole
+ * register block. */
+static void pack_q_tile(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t h,
+                        int64_t i0, int64_t rows, int64_t rowsp) {
     const mha_attn_problem *p = pl->p;
-    const int64_t d = p->d, dv = p->dv, dvp = pl->dvp, i0 = qb * BR;
-    const int64_t rows = p->L - i0 < BR ? p->L - i0 : BR, rowsp = round_up(rows, MR);
-    const float *kpack = pair, *vpack = pair + pl->nkb * BC * d;
-    int64_t ncg[BR / MR];
-
-    /* pack the query tile (zero rows up to a whole register block) */
-    const int64_t q0 = b * p->q.stride[0] + h * p->q.stride[1];
+    const int64_t d = p->d, q0 = b * p->q.stride[0] + h * p->q.stride[1];
+    if (pl->bf16_qk) {
+        const int64_t ld = 2 * pl->d2; /* bf16 elements per row */
+        uint16_t *qh = (uint16_t *)w->qp;
+        for (int64_t r = 0; r < rows; r++) {
+            const uint16_t *src = (const uint16_t *)p->q.data + q0 + (i0 + r) * p->q.stride[2];
+            for (int64_t c = 0; c < d; c++)
+                qh[r * ld + c] = src[c * p->q.stride[3]];
+            if (d % 2)
+                qh[r * ld + d] = 0;
+        }
+        memset(qh + rows * ld, 0, sizeof(uint16_t) * (size_t)((rowsp - rows) * ld));
+        return;
+    }
     const float qs = p->onnx_scale ? p->qk_scale : 1.0f; /* ONNX: q * sqrt(scale) */
     for (int64_t r = 0; r < rows; r++)
         load_row(pl, w->qp + r * d, 1, &p->q, q0 + (i0 + r) * p->q.stride[2], d, qs);
     memset(w->qp + rows * d, 0, sizeof(float) * (size_t)((rowsp - rows) * d));
+}
+
+static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t h, int64_t hk,
+                     int64_t qb, const float *pair, const bool *vflags) {
+    const mha_attn_problem *p = pl->p;
+    const int64_t dv = p->dv, dvp = pl->dvp, i0 = qb * BR;
+    const int64_t rows = p->L - i0 < BR ? p->L - i0 : BR, rowsp = round_up(rows, MR);
+    const float *kpack = pair, *vpack = pair + pl->nkb * pl->kblock;
+    int64_t ncg[BR / MR];
+
+    pack_q_tile(pl, w, b, h, i0, rows, rowsp);
     memset(w->o, 0, sizeof(float) * (size_t)(rowsp * dvp));
     for (int64_t r = 0; r < rows; r++)
         w->m[r] = -INFINITY, w->l[r] = 0.0f;
@@ -354,7 +423,7 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
 
     for (int64_t kb = kb0; kb < nkb; kb++) {
         const int64_t j0 = kb * BC;
-        if (!score_block(pl, w, b, h, i0, rows, kb, kpack + kb * BC * d, ncg))
+        if (!score_block(pl, w, b, h, i0, rows, kb, kpack + kb * pl->kblock, ncg))
             continue;
         for (int64_t r = 0; r < rows; r++) {
             const int64_t ng = ncg[r / MR];
@@ -390,11 +459,16 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
             if (p->p_dtype != MHA_F32) /* P in v's dtype for P.V, as FlashAttention */
                 pl->isa->round_row(sr, ng, p->p_dtype);
         }
-        const float *vp = vpack + kb * BC * dvp;
+        const float *vp = vpack + kb * pl->vblock;
         for (int64_t g0 = 0, g = 0; g0 < rows; g0 += MR, g++) {
             const int64_t ng = ncg[g];
             if (ng == 0)
                 continue;
+            if (!vflags[kb] && pl->bf16_pv) {
+                pl->dot->pv(w->o + g0 * dvp, dvp, w->s + g0 * BC, BC, (const uint32_t *)vp, ng,
+                            dvp);
+                continue;
+            }
             if (!vflags[kb]) {
                 pl->isa->pv(w->o + g0 * dvp, dvp, w->s + g0 * BC, BC, vp, ng, dvp);
                 continue;
@@ -406,7 +480,7 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
                     if (is_masked_mark(pj))
                         continue;
                     for (int64_t c = 0; c < dv; c++)
-                        w->o[r * dvp + c] += pj * vp[(c / NR) * BC * NR + j * NR + c % NR];
+                        w->o[r * dvp + c] += pj * packed_v(pl, vp, j, c);
                 }
         }
     }
@@ -460,7 +534,7 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
     const int64_t qs2 = qt ? p->qk.stride[2] : 0, qs3 = qt ? p->qk.stride[3] : 0;
     for (int64_t kb = 0; kb < pl->nkb; kb++) {
         const int64_t j0 = kb * BC, n = p->S - j0 < BC ? p->S - j0 : BC;
-        bool live = kb < nkb && score_block(pl, w, b, h, i0, rows, kb, kpack + kb * BC * d, ncg);
+        bool live = kb < nkb && score_block(pl, w, b, h, i0, rows, kb, kpack + kb * pl->kblock, ncg);
         for (int64_t r = 0; r < rows; r++) {
             float *wr = wt + (i0 + r) * wtt->stride[2] + j0 * ws3;
             float *qr = qt ? qt + (i0 + r) * qs2 + j0 * qs3 : NULL;
@@ -502,13 +576,16 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
 /* ---- the driver --------------------------------------------------------------- */
 
 /* The driver's one workspace: packed K/V of `chunk` (b, kv head) pairs (the
- * chunk keeps them near PACK_BUDGET_BYTES), one per-thread tile workspace
- * each, then a flag per packed key block.  false on overflow. */
+ * chunk keeps them near PACK_BUDGET_BYTES in the float32 layout, the
+ * largest, so it does not depend on the dtypes and the bound of
+ * mha_attn_flash_scratch_bound covers the bf16 pair layouts too), one
+ * per-thread tile workspace each, then a flag per packed key block.  false
+ * on overflow. */
 static bool scratch_sizes(const flash_plan *pl, int nthreads, int64_t *chunk,
                           size_t *pack_floats, size_t *flag_bytes, size_t *total) {
     const mha_attn_problem *p = pl->p;
-    const int64_t pairs = p->B * p->Hkv;
-    const size_t pair_bytes = sizeof(float) * (size_t)(pl->pair_floats > 0 ? pl->pair_floats : 1);
+    const int64_t pairs = p->B * p->Hkv, widest = pl->nkb * BC * (p->d + pl->dvp);
+    const size_t pair_bytes = sizeof(float) * (size_t)(widest > 0 ? widest : 1);
     *chunk = clamp64((int64_t)(PACK_BUDGET_BYTES / pair_bytes), 1, pairs > 0 ? pairs : 1);
     size_t ws_all, floats;
     *flag_bytes = (sizeof(bool) * (size_t)(*chunk * pl->nkb + 1) + 63) / 64 * 64;
@@ -519,16 +596,30 @@ static bool scratch_sizes(const flash_plan *pl, int nthreads, int64_t *chunk,
            !__builtin_add_overflow(*total, *flag_bytes, total);
 }
 
-mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *isa) {
-    flash_plan pl = {.p = p, .isa = isa};
+/* pl's block sizes: nkb, dvp, d2, kblock, vblock, pair_floats (after
+ * bf16_qk and bf16_pv; a bf16 block is at most its float32 size). */
+static void plan_blocks(flash_plan *pl) {
+    const mha_attn_problem *p = pl->p;
+    pl->nkb = (p->S + BC - 1) / BC;
+    pl->dvp = round_up(p->dv > 0 ? p->dv : 1, NR);
+    pl->d2 = (p->d + 1) / 2;
+    pl->kblock = BC * (pl->bf16_qk ? pl->d2 : p->d);
+    pl->vblock = pl->bf16_pv ? BC / 2 * pl->dvp : BC * pl->dvp;
+    pl->pair_floats = pl->nkb * (pl->kblock + pl->vblock);
+}
+
+mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *isa,
+                              const mha_flash_bf16 *dot) {
+    flash_plan pl = {.p = p, .isa = isa, .dot = dot};
+    /* ONNX scale: q, k times sqrt(scale) are no bf16 values: widen them */
+    pl.bf16_qk = dot && p->q.dtype == MHA_BF16 && p->k.dtype == MHA_BF16 && !p->onnx_scale;
+    pl.bf16_pv = dot && p->v.dtype == MHA_BF16 && p->p_dtype == MHA_BF16;
     pl.G = p->Hq / p->Hkv;
     pl.nqb = (p->L + BR - 1) / BR;
-    pl.nkb = (p->S + BC - 1) / BC;
-    pl.dvp = round_up(p->dv > 0 ? p->dv : 1, NR);
+    plan_blocks(&pl);
     pl.ext_bias = p->window || p->kv_len.data || p->alibi.data;
     pl.has_bias = p->mask.data || p->kpm.data || pl.ext_bias;
     pl.scale = p->onnx_scale ? 1.0f : p->scale;
-    pl.pair_floats = pl.nkb * BC * (p->d + pl.dvp);
     pl.ws_floats = ws_layout(&pl, NULL, &(flash_ws){0});
 
     const int nthreads = mha_threads();
@@ -557,8 +648,8 @@ mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *is
                 int64_t pr = t / pl.nkb, kb = t % pl.nkb, pair = c0 + pr;
                 float *base = pack + pr * pl.pair_floats;
                 vflags[t] = pack_kv_block(&pl, pair / p->Hkv, pair % p->Hkv, kb,
-                                          base + kb * BC * p->d,
-                                          base + pl.nkb * BC * p->d + kb * BC * pl.dvp);
+                                          base + kb * pl.kblock,
+                                          base + pl.nkb * pl.kblock + kb * pl.vblock);
             }
             /* heavy tiles first: under causal masking the last tiles see most keys */
             const int64_t items = np * pl.G * pl.nqb;
@@ -581,10 +672,8 @@ size_t mha_attn_flash_scratch_bound(int64_t B, int64_t Hkv, int64_t S, int64_t d
                                     int nthreads) {
     /* the largest layout: a bias tile, as if some mask were given */
     mha_attn_problem p = {.B = B, .Hkv = Hkv, .Hq = Hkv, .S = S, .d = d, .dv = dv};
-    flash_plan pl = {.p = &p, .has_bias = true};
-    pl.nkb = (S + BC - 1) / BC;
-    pl.dvp = round_up(dv > 0 ? dv : 1, NR);
-    pl.pair_floats = pl.nkb * BC * (d + pl.dvp);
+    flash_plan pl = {.p = &p, .has_bias = true}; /* the float32 layout: the largest */
+    plan_blocks(&pl);
     pl.ws_floats = ws_layout(&pl, NULL, &(flash_ws){0});
     int64_t chunk;
     size_t pack_floats, flag_bytes, total;
@@ -594,17 +683,21 @@ size_t mha_attn_flash_scratch_bound(int64_t B, int64_t Hkv, int64_t S, int64_t d
 /* ---- kernels and selection ------------------------------------------------ */
 
 mha_status mha_attn_fwd_f32_scalar(const mha_attn_problem *p) {
-    return mha_attn_flash_run(p, &isa_scalar);
+    return mha_attn_flash_run(p, &isa_scalar, NULL);
 }
 
 mha_status mha_attn_fwd_f32_avx2(const mha_attn_problem *p) {
     MHA_CHECK(mha_cpu_has_avx2_fma(), MHA_ERR_UNSUPPORTED,
               "kernel: avx2 requested but this CPU lacks AVX2/FMA");
-    return mha_attn_flash_run(p, &mha_flash_isa_avx2);
+    return mha_attn_flash_run(p, &mha_flash_isa_avx2, NULL);
 }
 
 mha_status mha_attn_fwd_f32_avx512(const mha_attn_problem *p) {
     MHA_CHECK(mha_avx512_runs(), MHA_ERR_UNSUPPORTED,
               "kernel: avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)");
-    return mha_attn_flash_run(p, MHA_AVX512_PICK(mha_flash_isa_avx512));
+    return mha_attn_flash_run(p, MHA_AVX512_PICK(mha_flash_isa_avx512), mha_flash_bf16_pick());
+}
+
+const mha_flash_bf16 *mha_flash_bf16_pick(void) {
+    return mha_avx512_bf16_runs() ? MHA_AVX512_PICK(mha_flash_bf16_avx512) : NULL;
 }

@@ -7,7 +7,8 @@
  *
  * The driver (attention_flash.c) owns tiling, packing, masks, the online
  * softmax bookkeeping, dropout, weights and threads; an ISA supplies only the
- * four inner loops below.  Scalar C and AVX2+FMA versions exist; both are
+ * inner loops below.  Scalar C, AVX2+FMA and AVX-512 versions exist, and
+ * on AVX512_BF16 two bf16 dot-product loops (mha_flash_bf16); all are
  * checked against mha_attn_fwd_f32_ref.
  */
 #ifndef MHA_ATTENTION_FLASH_H
@@ -28,7 +29,8 @@ enum {
  *   v block vp (dvp/NR, BC, NR)   column-panel-major V, columns past dv zero;
  *   scores  s  (BR, BC);  output accumulator o (BR, dvp).
  * q, k, v and out may be MHA_F32, MHA_F16 or MHA_BF16 (each its own):
- * packing widens to float32 and the output is rounded once when written. */
+ * packing widens to float32 (or keeps bf16 as pairs for mha_flash_bf16's
+ * loops) and the output is rounded once when written. */
 typedef struct mha_flash_isa {
     const char *name;
     /* s (MR, npanels*NR) rows ld lds = q (MR, d) rows ld ldq . kp^T panels. */
@@ -54,8 +56,33 @@ typedef struct mha_flash_isa {
     void (*widen_row)(float *dst, const uint16_t *src, mha_dtype dt, int64_t n);
 } mha_flash_isa;
 
-/* Runs p with the given inner loops (threads, workspace, all options). */
-mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *isa);
+/* The bf16 dot-product loops (vdpbf16ps), on bf16 pairs: a pair is two
+ * bf16 values in 32 bits, the lower-indexed one in the low half.
+ * Packed layouts (64-byte aligned), used instead of the float32 ones:
+ *   q tile  qp (BR, d2)           pairs along d, d2 = ceil(d/2), odd d: the
+ *                                 last pair's high half 0;
+ *   k block kp (BC/NR, d2, NR)    pairs along d, columns past S zero;
+ *   v block vp (dvp/NR, BC/2, NR) pairs along the key axis, zero padded.
+ * The driver takes qk when q and k are both MHA_BF16 (and no ONNX scale:
+ * q * sqrt(scale) is no bf16 value), pv when v is MHA_BF16 (P is then
+ * rounded to bf16 by round_row first, so its conversion is exact). */
+typedef struct mha_flash_bf16 {
+    const char *name;
+    /* s (MR, npanels*NR) rows ld lds = q (MR, d2) pairs rows ld ldq . kp^T. */
+    void (*qk)(float *s, int64_t lds, const uint32_t *q, int64_t ldq, const uint32_t *kp,
+               int64_t d2, int64_t npanels);
+    /* o (MR, dvp) rows ld ldo += p (MR, n) rows ld ldp . vp (dvp/NR, BC/2, NR)
+     * pairs; p holds bf16 values as float32 (-0.0f marks adding nothing),
+     * converted to pairs inside, p[n] taken as 0 when n is odd. */
+    void (*pv)(float *o, int64_t ldo, const float *p, int64_t ldp, const uint32_t *vp,
+               int64_t n, int64_t dvp);
+} mha_flash_bf16;
+
+/* Runs p with the given inner loops (threads, workspace, all options);
+ * dot: the bf16 loops, or NULL where the CPU has none (then bf16 tensors
+ * are widened to float32 at packing, as F16 ones always are). */
+mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *isa,
+                              const mha_flash_bf16 *dot);
 
 /* The AVX2+FMA inner loops (attention_flash_avx2.c; only call when the CPU
  * has AVX2 and FMA). */
@@ -63,6 +90,12 @@ extern const mha_flash_isa mha_flash_isa_avx2;
 /* The AVX-512 inner loops (attention_flash_avx512.c; only after
  * mha_avx512_runs(), taken with MHA_AVX512_PICK). */
 MHA_AVX512_DECLARE(mha_flash_isa, mha_flash_isa_avx512);
+/* The AVX512_BF16 loops (attention_flash_avx512bf16.c; only after
+ * mha_avx512_bf16_runs()): mha_flash_bf16_pick() returns them then. */
+MHA_AVX512_DECLARE(mha_flash_bf16, mha_flash_bf16_avx512);
+/* The bf16 loops the avx512 kernel choice runs (native or emulated), or
+ * NULL when mha_avx512_bf16_runs() is false. */
+const mha_flash_bf16 *mha_flash_bf16_pick(void);
 
 /* An FMA-bound loop (12 independent 8-lane chains, iters steps); *flops
  * receives the FLOP count done.  Returns a value to keep the loop alive. */

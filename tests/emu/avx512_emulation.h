@@ -20,6 +20,7 @@
 #include <simde/x86/avx512.h>
 #include <simde/x86/f16c.h>
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -249,5 +250,31 @@ static inline double emu_reduce_add_pd(simde__m512d a) {
 #define _mm512_cvtps_pd(a) emu_cvtps_pd(a)
 #undef _mm512_extractf32x8_ps
 #define _mm512_extractf32x8_ps(a, imm) emu_extractf32x8_ps((a), (imm))
+
+/* ---- VDPBF16PS (Intel SDM pseudocode): per lane i, two FMAs in float32,
+ * the odd pair element first, round to nearest even; denormal inputs read
+ * as 0 (DAZ) and denormal results flushed to 0 (FTZ); MXCSR not used. */
+static inline float emu_daz(float x) {
+    return fpclassify(x) == FP_SUBNORMAL ? copysignf(0.0f, x) : x;
+}
+static inline float emu_bf16_float(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return emu_daz(f);
+}
+static inline simde__m512 emu_dpbf16_ps(simde__m512 src, simde__m512bh a, simde__m512bh b) {
+    emu_ps r = {.v = src};
+    emu_bh xa = {.v = a}, xb = {.v = b};
+    for (int i = 0; i < 16; i++) {
+        float acc = emu_daz(r.f[i]);
+        acc = emu_daz(fmaf(emu_bf16_float(xa.h[2 * i + 1]), emu_bf16_float(xb.h[2 * i + 1]), acc));
+        acc = emu_daz(fmaf(emu_bf16_float(xa.h[2 * i]), emu_bf16_float(xb.h[2 * i]), acc));
+        r.f[i] = acc;
+    }
+    return r.v;
+}
+#undef _mm512_dpbf16_ps
+#define _mm512_dpbf16_ps(src, a, b) emu_dpbf16_ps((src), (a), (b))
 
 #endif /* MHA_TESTS_AVX512_EMULATION_H */

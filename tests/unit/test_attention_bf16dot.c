@@ -1,0 +1,421 @@
+/* test_attention_bf16dot.c - the avx512 kernel's bf16 dot-product loops
+ * (attention_flash_avx512bf16.c: Q.K^T and P.V on bf16 pairs, vdpbf16ps).
+ *
+ * Letter legend: B batch, Hq query heads, Hkv kv heads, L query length,
+ * S key length, d head dim of q/k, dv head dim of v; d2 = ceil(d/2) pairs.
+ *
+ * The loops run natively on AVX512_BF16 CPUs and emulated elsewhere (the
+ * test library's _emu twins, tests/emu/avx512_emulation.h); without either
+ * the tests report themselves skipped.  Rules:
+ *   the two loops alone     vs float64 sums of the same bf16 values, within
+ *                           2e-6 of the sum of |terms| (exact products,
+ *                           float32 sums); garbage past n never read;
+ *   mha_sdpa_forward        bf16 q, k, v on MHA_KERNEL_AVX512 vs the
+ *                           reference on the same tensors (which rounds P
+ *                           as the fused kernels do): <= 2e-3 relative
+ *                           (test_rel_err), also weights and the LSE, on odd
+ *                           shapes and options; bf16 q, k with float32 v
+ *                           and float32 q, k with bf16 v the same; the
+ *                           last two also within 2e-5 of the avx2 kernel,
+ *                           which widens the same values and rounds P by the
+ *                           same rule (with both loops on pairs a score's
+ *                           last bit can move P's rounding: 2e-3 there);
+ *   threads 1, 2, 3         bit-identical.
+ * The worst errors are printed.
+ */
+#include "test.h"
+#include "internal.h"
+#include "kernels/attention_flash.h"
+#include "kernels/convert.h"
+
+#include <math.h>
+
+enum { NR = MHA_FLASH_NR, MR = MHA_FLASH_MR, BC = MHA_FLASH_BC };
+
+/* The bf16 loops the avx512 kernel runs, or NULL (the test then skips). */
+static const mha_flash_bf16 *bf16_loops(void) {
+    const mha_flash_bf16 *dot = mha_flash_bf16_pick();
+    if (!dot)
+        test_skip(1, "no AVX512_BF16 on this CPU and no emulated build");
+    return dot;
+}
+
+static uint16_t bf16_of(float x) { return mha_float_to_bf16(x); }
+
+TEST(attention_bf16dot_loops_match_float64) {
+    const mha_flash_bf16 *dot = bf16_loops();
+    if (!dot)
+        return;
+    /* qk: q (MR, d2) pairs, kp (npanels, d2, NR) pairs */
+    const int64_t d2s[] = {1, 2, 3, 8, 17, 40, 64};
+    double worst = 0.0;
+    for (size_t t = 0; t < sizeof d2s / sizeof *d2s; t++)
+        for (int64_t np = 1; np <= 3; np++) {
+            const int64_t d2 = d2s[t], ldq = d2 + 1, lds = BC;
+            uint32_t *q = calloc((size_t)(MR * ldq), 4);
+            uint32_t *kp = aligned_alloc(64, (size_t)(np * d2 * NR) * 4);
+            float *s = malloc(sizeof(float) * MR * BC), *rq = malloc(sizeof(float) * MR * ldq * 2);
+            float *rk = malloc(sizeof(float) * (size_t)(np * d2 * NR * 2));
+            test_randn(rq, (size_t)(MR * ldq * 2), 10 + (uint64_t)t);
+            test_randn(rk, (size_t)(np * d2 * NR * 2), 20 + (uint64_t)t);
+            for (int64_t i = 0; i < MR * ldq; i++)
+                q[i] = bf16_of(rq[2 * i]) | (uint32_t)bf16_of(rq[2 * i + 1]) << 16;
+            for (int64_t i = 0; i < np * d2 * NR; i++)
+                kp[i] = bf16_of(rk[2 * i]) | (uint32_t)bf16_of(rk[2 * i + 1]) << 16;
+            for (int i = 0; i < MR * BC; i++)
+                s[i] = NAN; /* columns past np*NR must stay untouched */
+            dot->qk(s, lds, q, ldq, kp, d2, np);
+            for (int r = 0; r < MR; r++)
+                for (int64_t j = 0; j < BC; j++) {
+                    if (j >= np * NR) {
+                        CHECK(isnan(s[r * lds + j]));
+                        continue;
+                    }
+                    double want = 0.0, mag = 0.0;
+                    for (int64_t c = 0; c < 2 * d2; c++) {
+                        const uint32_t qa = q[r * ldq + c / 2], ka = kp[(j / NR) * d2 * NR +
+                                                                        (c / 2) * NR + j % NR];
+                        const double x = (double)mha_bf16_to_float((uint16_t)(qa >> (16 * (c % 2)))) *
+                                         (double)mha_bf16_to_float((uint16_t)(ka >> (16 * (c % 2))));
+                        want += x, mag += fabs(x);
+                    }
+                    const double e = fabs((double)s[r * lds + j] - want) / (mag > 1 ? mag : 1);
+                    worst = e > worst ? e : worst;
+                    if (!(e <= 2e-6) && test_failures() < 3)
+                        test_fail(__FILE__, __LINE__, "qk d2 %lld np %lld (%d,%lld): %.9g vs %.9g",
+                                  (long long)d2, (long long)np, r, (long long)j, s[r * lds + j],
+                                  want);
+                }
+            free(q), free(kp), free(s), free(rq), free(rk);
+        }
+    /* pv: o (MR, dvp) += p (MR, n) . vp (dvp/NR, BC/2, NR) pairs */
+    const int64_t ns[] = {1, 2, 15, 16, 17, 31, 32, 33, 63, 100, 127, 128};
+    double worst_pv = 0.0;
+    for (size_t t = 0; t < sizeof ns / sizeof *ns; t++)
+        for (int64_t dvp = NR; dvp <= 3 * NR; dvp += NR) {
+            const int64_t n = ns[t], ldp = BC, ldo = dvp + 16;
+            float *p = malloc(sizeof(float) * MR * BC), *o = malloc(sizeof(float) * MR * ldo);
+            float *o0 = malloc(sizeof(float) * MR * ldo);
+            float *rv = malloc(sizeof(float) * (size_t)(dvp * BC));
+            uint32_t *vp = aligned_alloc(64, (size_t)(dvp * BC / 2) * 4);
+            test_randn(p, MR * BC, 30 + (uint64_t)t);
+            test_randn(o0, (size_t)(MR * ldo), 40 + (uint64_t)t);
+            test_randn(rv, (size_t)(dvp * BC), 50 + (uint64_t)t);
+            for (int i = 0; i < MR * BC; i++) {
+                const int64_t j = i % BC;
+                /* bf16 values in [0, 1], some -0.0 masks; NaN past n */
+                p[i] = j >= n ? NAN : i % 7 == 3 ? -0.0f : mha_bf16_to_float(bf16_of(fabsf(p[i]) / 4));
+            }
+            for (int64_t i = 0; i < dvp * BC / 2; i++)
+                vp[i] = bf16_of(rv[2 * i]) | (uint32_t)bf16_of(rv[2 * i + 1]) << 16;
+            memcpy(o, o0, sizeof(float) * MR * (size_t)ldo);
+            dot->pv(o, ldo, p, ldp, vp, n, dvp);
+            for (int r = 0; r < MR; r++)
+                for (int64_t c = 0; c < ldo; c++) {
+                    if (c >= dvp) {
+                        CHECK(memcmp(&o[r * ldo + c], &o0[r * ldo + c], 4) == 0);
+                        continue;
+                    }
+                    double want = o0[r * ldo + c], mag = fabs(want);
+                    for (int64_t j = 0; j < n; j++) {
+                        const uint32_t va = vp[(c / NR) * (BC / 2) * NR + (j / 2) * NR + c % NR];
+                        const double x = (double)p[r * ldp + j] *
+                                         (double)mha_bf16_to_float((uint16_t)(va >> (16 * (j % 2))));
+                        want += x, mag += fabs(x);
+                    }
+                    const double e = fabs((double)o[r * ldo + c] - want) / (mag > 1 ? mag : 1);
+                    worst_pv = e > worst_pv ? e : worst_pv;
+                    if (!(e <= 2e-6) && test_failures() < 3)
+                        test_fail(__FILE__, __LINE__, "pv n %lld dvp %lld (%d,%lld): %.9g vs %.9g",
+                                  (long long)n, (long long)dvp, r, (long long)c, o[r * ldo + c],
+                                  want);
+                }
+            free(p), free(o), free(o0), free(rv), free(vp);
+        }
+    printf("  %s loops vs float64: qk %.2e, pv %.2e of the sum of |terms| (bound 2e-6)\n",
+           dot->name, worst, worst_pv);
+}
+
+/* ---- mha_sdpa_forward on bf16 tensors ------------------------------------- */
+
+typedef struct bcase {
+    int64_t B, Hq, Hkv, L, S, d, dv;
+    mha_causal causal;
+    bool strided;   /* q, k, v views with element step 2 */
+    bool mask;      /* a float (L,S) mask with -inf holes */
+    bool kv_len;    /* per-batch key lengths, +inf in V past them */
+    bool weights;   /* attn_weights and lse requested */
+    float softcap;
+    bool onnx;      /* the ONNX scale: Q.K^T widened, P.V on pairs */
+} bcase;
+
+static const bcase cases[] = {
+    {1, 1, 1, 1, 1, 1, 1, MHA_CAUSAL_NONE, false, false, false, false, 0, false},
+    {1, 1, 1, 1, 300, 64, 64, MHA_CAUSAL_NONE, false, false, false, true, 0, false},
+    {2, 4, 2, 7, 13, 3, 5, MHA_CAUSAL_NONE, false, false, false, false, 0, false},
+    {1, 2, 1, 9, 129, 1, 17, MHA_CAUSAL_BOTTOM_RIGHT, false, false, false, false, 0, false},
+    {1, 2, 2, 100, 131, 17, 9, MHA_CAUSAL_TOP_LEFT, true, false, false, false, 0, false},
+    {1, 3, 1, 97, 257, 32, 40, MHA_CAUSAL_NONE, false, true, false, true, 0, false},
+    {2, 2, 1, 50, 200, 64, 20, MHA_CAUSAL_BOTTOM_RIGHT, false, false, true, false, 0, false},
+    {1, 2, 2, 41, 77, 80, 80, MHA_CAUSAL_NONE, false, false, false, false, 30.0f, false},
+    {1, 4, 2, 130, 255, 96, 33, MHA_CAUSAL_TOP_LEFT, false, true, false, false, 0, false},
+    {1, 1, 1, 200, 301, 128, 128, MHA_CAUSAL_NONE, false, false, false, true, 0, false},
+    {2, 1, 1, 33, 128, 33, 48, MHA_CAUSAL_NONE, true, false, true, false, 0, false},
+    {1, 2, 1, 20, 150, 24, 16, MHA_CAUSAL_NONE, false, false, false, true, 0, true},
+};
+
+typedef struct bdata {
+    uint16_t *h[3];   /* bf16 q, k, v (maybe strided) */
+    float *f[3];      /* the same values in float32   */
+    mha_tensor th[3], tf[3];
+    float *mask;
+    int64_t lens[2];
+    mha_tensor mask_t, lens_t;
+} bdata;
+
+static void bdata_free(bdata *x) {
+    for (int i = 0; i < 3; i++)
+        free(x->h[i]), free(x->f[i]);
+    free(x->mask);
+}
+
+/* q (B,Hq,L,d), k (B,Hkv,S,d), v (B,Hkv,S,dv) of case c, bf16 and float32. */
+static void bdata_make(bdata *x, const bcase *c, uint64_t seed) {
+    memset(x, 0, sizeof *x);
+    const int64_t sh[3][4] = {{c->B, c->Hq, c->L, c->d}, {c->B, c->Hkv, c->S, c->d},
+                              {c->B, c->Hkv, c->S, c->dv}};
+    const int64_t step = c->strided ? 2 : 1;
+    for (int i = 0; i < 3; i++) {
+        const int64_t n = sh[i][0] * sh[i][1] * sh[i][2] * sh[i][3];
+        x->f[i] = malloc(sizeof(float) * (size_t)n);
+        x->h[i] = calloc((size_t)(n * step), sizeof(uint16_t));
+        test_randn(x->f[i], (size_t)n, seed + (uint64_t)i);
+        mha_tensor_init(&x->tf[i], MHA_F32, x->f[i], 4, sh[i]);
+        mha_tensor_init(&x->th[i], MHA_BF16, x->h[i], 4, sh[i]);
+        for (int a = 0; a < 4; a++)
+            x->th[i].stride[a] *= step;
+        for (int64_t e = 0; e < n; e++) {
+            x->f[i][e] = mha_bf16_to_float(bf16_of(x->f[i][e] * (i == 0 ? 1.5f : 1.0f)));
+            x->h[i][e * step] = bf16_of(x->f[i][e]);
+        }
+    }
+    if (c->kv_len) { /* keys past S_b masked; their V rows +inf (never read) */
+        x->lens[0] = c->S / 2 + 1, x->lens[1] = c->S;
+        const int64_t n1[1] = {c->B};
+        mha_tensor_init(&x->lens_t, MHA_I64, x->lens, 1, n1);
+        for (int64_t b = 0; b < c->B; b++)
+            for (int64_t hk = 0; hk < c->Hkv; hk++)
+                for (int64_t j = x->lens[b]; j < c->S; j++)
+                    for (int64_t e = 0; e < c->dv; e++) {
+                        const int64_t at = ((b * c->Hkv + hk) * c->S + j) * c->dv + e;
+                        x->f[2][at] = INFINITY, x->h[2][at * step] = bf16_of(INFINITY);
+                    }
+    }
+    if (c->mask) {
+        x->mask = malloc(sizeof(float) * (size_t)(c->L * c->S));
+        test_randn(x->mask, (size_t)(c->L * c->S), seed + 7);
+        for (int64_t e = 0; e < c->L * c->S; e++)
+            if (e % 5 == 2)
+                x->mask[e] = -INFINITY;
+        const int64_t msh[2] = {c->L, c->S};
+        mha_tensor_init(&x->mask_t, MHA_F32, x->mask, 2, msh);
+    }
+}
+
+typedef struct bout {
+    float *o, *w, *lse; /* (B,Hq,L,dv), (B,Hq,L,S) or NULL, (B,Hq,L) or NULL */
+} bout;
+
+static mha_status run(bout *y, const bcase *c, const bdata *x, const mha_tensor *q,
+                      const mha_tensor *k, const mha_tensor *v, mha_kernel kernel) {
+    mha_tensor o, w, lse;
+    const int64_t so[4] = {c->B, c->Hq, c->L, c->dv}, sw[4] = {c->B, c->Hq, c->L, c->S};
+    MHA_TRY(mha_tensor_init(&o, MHA_F32, y->o, 4, so));
+    mha_sdpa_options opt;
+    mha_sdpa_options_init(&opt);
+    opt.kernel = kernel;
+    opt.causal = c->causal;
+    opt.softcap = c->softcap;
+    opt.onnx_scale = c->onnx;
+    if (c->mask)
+        opt.attn_mask = &x->mask_t;
+    if (c->kv_len)
+        opt.kv_lengths = &x->lens_t;
+    if (c->weights) {
+        MHA_TRY(mha_tensor_init(&w, MHA_F32, y->w, 4, sw));
+        MHA_TRY(mha_tensor_init(&lse, MHA_F32, y->lse, 3, sw));
+        opt.attn_weights = &w, opt.lse = &lse;
+    }
+    return mha_sdpa_forward(&o, q, k, v, &opt);
+}
+
+static void bout_alloc(bout *y, const bcase *c) {
+    y->o = malloc(sizeof(float) * (size_t)(c->B * c->Hq * c->L * c->dv));
+    y->w = c->weights ? malloc(sizeof(float) * (size_t)(c->B * c->Hq * c->L * c->S)) : NULL;
+    y->lse = c->weights ? malloc(sizeof(float) * (size_t)(c->B * c->Hq * c->L)) : NULL;
+}
+
+static void bout_free(bout *y) { free(y->o), free(y->w), free(y->lse); }
+
+/* Worst of out, weights and lse errors of y against ref. */
+static double bout_err(const bout *y, const bout *ref, const bcase *c) {
+    double e = test_rel_err(y->o, ref->o, (size_t)(c->B * c->Hq * c->L * c->dv));
+    if (c->weights) {
+        const double ew = test_rel_err(y->w, ref->w, (size_t)(c->B * c->Hq * c->L * c->S));
+        const double el = test_rel_err(y->lse, ref->lse, (size_t)(c->B * c->Hq * c->L));
+        e = ew > e ? ew : e, e = el > e ? el : e;
+    }
+    return e;
+}
+
+/* The three dtype mixes: all bf16; bf16 q, k with float32 v (Q.K^T on
+ * pairs only); float32 q, k with bf16 v (P.V on pairs only). */
+static const char *const mix_names[3] = {"bf16 q,k,v", "bf16 q,k + f32 v", "f32 q,k + bf16 v"};
+
+static void mix_tensors(const bdata *x, int mix, const mha_tensor **q, const mha_tensor **k,
+                        const mha_tensor **v) {
+    *q = mix == 2 ? &x->tf[0] : &x->th[0];
+    *k = mix == 2 ? &x->tf[1] : &x->th[1];
+    *v = mix == 1 ? &x->tf[2] : &x->th[2];
+}
+
+TEST(attention_bf16dot_matches_reference) {
+    if (!bf16_loops())
+        return;
+    /* the avx2 kernel widens the same values and rounds P by the same rule
+     * (the same running max): only float32 sums differ from the bf16 loops */
+    const bool avx2 = test_kernel_runs(MHA_KERNEL_AVX2);
+    double worst[3] = {0, 0, 0}, worst2[3] = {0, 0, 0};
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const bcase *c = &cases[ci];
+        bdata x;
+        bdata_make(&x, c, 700 + 10 * ci);
+        bout ref, y, w2;
+        bout_alloc(&ref, c), bout_alloc(&y, c), bout_alloc(&w2, c);
+        for (int mix = 0; mix < 3; mix++) {
+            const mha_tensor *q, *k, *v;
+            mix_tensors(&x, mix, &q, &k, &v);
+            REQUIRE_OK(run(&ref, c, &x, q, k, v, MHA_KERNEL_REF));
+            REQUIRE_OK(run(&y, c, &x, q, k, v, MHA_KERNEL_AVX512));
+            const double e = bout_err(&y, &ref, c);
+            worst[mix] = e > worst[mix] ? e : worst[mix];
+            if (!(e <= 2e-3))
+                test_fail(__FILE__, __LINE__,
+                          "%s case %zu (B %lld Hq %lld Hkv %lld L %lld S %lld d %lld dv %lld): "
+                          "%.3g > 2e-3",
+                          mix_names[mix], ci, (long long)c->B, (long long)c->Hq,
+                          (long long)c->Hkv, (long long)c->L, (long long)c->S, (long long)c->d,
+                          (long long)c->dv, e);
+            if (!avx2)
+                continue;
+            REQUIRE_OK(run(&w2, c, &x, q, k, v, MHA_KERNEL_AVX2));
+            /* one loop on pairs: the scores or P equal, float32 sums only;
+             * both: a score's last bit can move P's bf16 rounding by an ulp */
+            const double e2 = bout_err(&y, &w2, c), tol2 = mix ? 2e-5 : 2e-3;
+            worst2[mix] = e2 > worst2[mix] ? e2 : worst2[mix];
+            if (!(e2 <= tol2))
+                test_fail(__FILE__, __LINE__, "%s case %zu: %.3g from the avx2 widening path",
+                          mix_names[mix], ci, e2);
+        }
+        bout_free(&ref), bout_free(&y), bout_free(&w2);
+        bdata_free(&x);
+    }
+    for (int mix = 0; mix < 3; mix++) {
+        printf("  %s: avx512 (bf16 loops) vs reference %.2e (bound 2e-3)", mix_names[mix],
+               worst[mix]);
+        if (avx2)
+            printf(", vs avx2 widening %.2e (bound %.0e)", worst2[mix], mix ? 2e-5 : 2e-3);
+        printf("\n");
+    }
+}
+
+/* One key block (S <= BC): the fused running max is the final one, so the
+ * kernel rounds the same P as the reference and only float32 sums differ. */
+TEST(attention_bf16dot_single_block_is_tight) {
+    if (!bf16_loops())
+        return;
+    const bcase cs[] = {
+        {1, 2, 1, 64, 120, 32, 32, MHA_CAUSAL_NONE, false, false, false, false, 0, false},
+        {1, 1, 1, 13, 7, 5, 3, MHA_CAUSAL_NONE, false, false, false, false, 0, false}};
+    double worst = 0.0;
+    for (size_t ci = 0; ci < 2; ci++) {
+        const bcase *c = &cs[ci];
+        bdata x;
+        bdata_make(&x, c, 900 + ci);
+        bout ref, y;
+        bout_alloc(&ref, c), bout_alloc(&y, c);
+        REQUIRE_OK(run(&ref, c, &x, &x.th[0], &x.th[1], &x.th[2], MHA_KERNEL_REF));
+        REQUIRE_OK(run(&y, c, &x, &x.th[0], &x.th[1], &x.th[2], MHA_KERNEL_AVX512));
+        const double e = bout_err(&y, &ref, c);
+        worst = e > worst ? e : worst;
+        CHECK(e <= 2e-5);
+        bout_free(&ref), bout_free(&y);
+        bdata_free(&x);
+    }
+    printf("  one key block: %.2e from the reference (bound 2e-5)\n", worst);
+}
+
+TEST(attention_bf16dot_threads_bit_identical) {
+    if (!bf16_loops())
+        return;
+    const bcase c = {2, 4, 2, 101, 270, 40, 24, MHA_CAUSAL_TOP_LEFT, false, true, false, true, 0,
+                     false};
+    bdata x;
+    bdata_make(&x, &c, 1000);
+    bout y[3];
+    const int saved = mha_get_num_threads();
+    for (int mix = 0; mix < 3; mix++) {
+        const mha_tensor *q, *k, *v;
+        mix_tensors(&x, mix, &q, &k, &v);
+        for (int t = 0; t < 3; t++) {
+            bout_alloc(&y[t], &c);
+            mha_set_num_threads(t + 1);
+            REQUIRE_OK(run(&y[t], &c, &x, q, k, v, MHA_KERNEL_AVX512));
+        }
+        const size_t no = sizeof(float) * (size_t)(c.B * c.Hq * c.L * c.dv);
+        const size_t nw = sizeof(float) * (size_t)(c.B * c.Hq * c.L * c.S);
+        for (int t = 1; t < 3; t++) {
+            CHECK(memcmp(y[0].o, y[t].o, no) == 0);
+            CHECK(memcmp(y[0].w, y[t].w, nw) == 0);
+        }
+        for (int t = 0; t < 3; t++)
+            bout_free(&y[t]);
+    }
+    mha_set_num_threads(saved);
+    bdata_free(&x);
+}
+
+/* The workspace bound (planned on the float32 layout) covers the bf16 pair
+ * layouts: with that much caller scratch a bf16 run allocates nothing. */
+TEST(attention_bf16dot_scratch_bound_covers_pairs) {
+    if (!bf16_loops())
+        return;
+    const bcase c = {2, 6, 3, 150, 1000, 65, 24, MHA_CAUSAL_NONE, false, true, false, false, 0,
+                     false};
+    bdata x;
+    bdata_make(&x, &c, 1100);
+    bout ref, y;
+    bout_alloc(&ref, &c), bout_alloc(&y, &c);
+    mha_tensor o;
+    const int64_t so[4] = {c.B, c.Hq, c.L, c.dv};
+    mha_tensor_init(&o, MHA_F32, y.o, 4, so);
+    mha_sdpa_options opt;
+    mha_sdpa_options_init(&opt);
+    opt.attn_mask = &x.mask_t;
+    mha_attn_problem p;
+    memset(&p, 0, sizeof p);
+    REQUIRE_OK(mha_sdpa_problem_init(&p, &x.th[0], &x.th[1], &x.th[2], &o, &opt));
+    const size_t bytes = mha_attn_flash_scratch_bound(c.B, c.Hkv, c.S, c.d, c.dv, mha_threads());
+    REQUIRE(bytes > 0);
+    p.scratch = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    p.scratch_bytes = bytes;
+    REQUIRE(p.scratch);
+    const int64_t before = mha_test_alloc_count();
+    CHECK_STATUS(mha_attn_run(&p, MHA_KERNEL_AVX512), MHA_OK);
+    CHECK(mha_test_alloc_count() == before);
+    REQUIRE_OK(run(&ref, &c, &x, &x.th[0], &x.th[1], &x.th[2], MHA_KERNEL_REF));
+    CHECK(test_rel_err(y.o, ref.o, (size_t)(c.B * c.Hq * c.L * c.dv)) <= 2e-3);
+    free(p.scratch);
+    bout_free(&ref), bout_free(&y);
+    bdata_free(&x);
+}

@@ -158,4 +158,15 @@ static inline simde__m512i emu_cvtepu16_epi32(simde__m256i a) {
 #undef _mm512_cvtepu16_epi32
 #define _mm512_cvtepu16_epi32(a) emu_cvtepu16_epi32(a)
 
+/* SIMDe 0.7 has simde_mm512_shuffle_f32x4 but no native alias for it
+ * (attention_decode_avx512.c's reduction tree). */
+#undef _mm512_shuffle_f32x4
+#define _mm512_shuffle_f32x4(a, b, imm8) simde_mm512_shuffle_f32x4((a), (b), (imm8))
+
+/* SIMDe 0.7's roundscale macros use imm8 unparenthesised in (imm8 >> 4):
+ * _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC then reads as scale M = 1
+ * (rounding to halves; exp512's floor went wrong).  The alias parenthesises. */
+#undef _mm512_roundscale_ps
+#define _mm512_roundscale_ps(a, imm8) simde_mm512_roundscale_ps((a), (imm8))
+
 #endif /* MHA_TESTS_AVX512_EMULATION_H */

@@ -364,6 +364,22 @@ static mha_status decode_ref(mha_tensor *out, const mha_tensor *q, const mha_kv_
     return st;
 }
 
+/* The decode loops of kernel kr (scalar for MHA_KERNEL_SCALAR), or
+ * MHA_ERR_UNSUPPORTED naming the ISA when the build or CPU lacks it. */
+mha_status mha_decode_isa_for(mha_kernel kr, const mha_decode_isa **isa) {
+    *isa = &mha_decode_isa_scalar;
+    if (kr == MHA_KERNEL_AVX512) {
+        MHA_CHECK(mha_avx512_runs(), MHA_ERR_UNSUPPORTED,
+                  "kernel: avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)");
+        *isa = MHA_AVX512_PICK(mha_decode_isa_avx512);
+    } else if (kr == MHA_KERNEL_AVX2) {
+        MHA_CHECK(mha_decode_isa_avx2.qk && mha_cpu_has_avx2_fma(), MHA_ERR_UNSUPPORTED,
+                  "kernel: avx2 requested but this CPU lacks AVX2/FMA");
+        *isa = &mha_decode_isa_avx2;
+    }
+    return MHA_OK;
+}
+
 /* The split path: q (B,Hq,d) contiguous float32 (rotated; scaled here in
  * place), out (B,Hq,1,dv) float32; work (B,Hkv,nsplit,G,dv+2) partials then
  * nthreads scratch slices of G*(SPLIT_KEYS+dv); wsplit (nsplit) the merge's
@@ -377,16 +393,8 @@ static mha_status decode_splits(mha_tensor *out, float *q, const mha_kv_cache *c
      * forward, well inside the tests' 1e-5) */
     for (int64_t x = 0; x < B * Hq * d; x++)
         q[x] = p->onnx_scale ? (q[x] * p->qk_scale) * p->qk_scale : q[x] * p->scale;
-    const mha_decode_isa *isa = &mha_decode_isa_scalar;
-    if (kr == MHA_KERNEL_AVX512) {
-        MHA_CHECK(mha_avx512_runs(), MHA_ERR_UNSUPPORTED,
-                  "kernel: avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)");
-        isa = &mha_decode_isa_avx2; /* INTERIM: until attention_decode_avx512.c lands */
-    } else if (kr == MHA_KERNEL_AVX2) {
-        MHA_CHECK(mha_decode_isa_avx2.qk && mha_cpu_has_avx2_fma(), MHA_ERR_UNSUPPORTED,
-                  "kernel: avx2 requested but this CPU lacks AVX2/FMA");
-        isa = &mha_decode_isa_avx2;
-    }
+    const mha_decode_isa *isa;
+    MHA_TRY(mha_decode_isa_for(kr, &isa));
     decode_args a = {c, isa, q, Hq, G, len, nsplit, p->softcap, &p->alibi, work};
     const int64_t tasks = B * c->Hkv * nsplit;
     float *scratch = work + B * c->Hkv * nsplit * G * (dv + 2);

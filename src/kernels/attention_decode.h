@@ -38,4 +38,9 @@ extern const mha_decode_isa mha_decode_isa_avx2;
  * mha_avx512_runs() and take them with MHA_AVX512_PICK. */
 MHA_AVX512_DECLARE(mha_decode_isa, mha_decode_isa_avx512);
 
+/* The loops of kernel kr (MHA_KERNEL_SCALAR, AVX2 or AVX512; kv_cache.c's
+ * one dispatch point, also used by the tests) into *isa, or
+ * MHA_ERR_UNSUPPORTED naming the ISA this build or CPU lacks. */
+mha_status mha_decode_isa_for(mha_kernel kr, const mha_decode_isa **isa);
+
 #endif

@@ -171,49 +171,18 @@ static float row_exp_avx512(float *s, int64_t n, float m) {
     return _mm512_reduce_add_ps(sum);
 }
 
-/* P rounded to half and back, 16 at a time: vcvtps2ph (round to nearest
- * even) for fp16; for bf16 the rounding add of mha_float_to_bf16 in integer
- * lanes (NaN lanes only get the quiet bit).  Tails under a mask. */
-static void round_row_avx512(float *s, int64_t n, mha_dtype dt) {
-    if (dt == MHA_F16) {
-        for (int64_t j = 0; j < n; j += 16) {
-            const __mmask16 k = mask16(n - j);
-            const __m256i h =
-                _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, s + j), _MM_FROUND_TO_NEAREST_INT);
-            _mm512_mask_storeu_ps(s + j, k, _mm512_cvtph_ps(h));
-        }
-        return;
-    }
-    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
-    const __m512i top = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x400000);
-    for (int64_t j = 0; j < n; j += 16) {
-        const __mmask16 k = mask16(n - j);
-        const __m512i x = _mm512_castps_si512(_mm512_maskz_loadu_ps(k, s + j));
-        const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, abs), inf);
-        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), one);
-        __m512i r = _mm512_add_epi32(x, _mm512_add_epi32(bias, lsb));
-        r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(x, quiet));
-        _mm512_mask_storeu_ps(s + j, k, _mm512_castsi512_ps(_mm512_and_si512(r, top)));
-    }
-}
-
 /* Half rows widened 16 at a time: vcvtph2ps for fp16, a 16-bit shift for
  * bf16; tails under a mask. */
 static void widen_row_avx512(float *dst, const uint16_t *src, mha_dtype dt, int64_t n) {
     for (int64_t j = 0; j < n; j += 16) {
         const __mmask16 k = mask16(n - j);
-        const __m256i h = _mm256_maskz_loadu_epi16(k, src + j);
-        const __m512 f = dt == MHA_F16
-                             ? _mm512_cvtph_ps(h)
-                             : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-        _mm512_mask_storeu_ps(dst + j, k, f);
+        _mm512_mask_storeu_ps(dst + j, k, widen_half512(_mm256_maskz_loadu_epi16(k, src + j), dt));
     }
 }
 
 const mha_flash_isa MHA_AVX512_SYMBOL(mha_flash_isa_avx512) = {
     "avx512",         qk_avx512,      pv_avx512,       row_scores_avx512,
-    row_exp_avx512,   round_row_avx512, widen_row_avx512};
+    row_exp_avx512,   round_half_row512, widen_row_avx512};
 
 /* An FMA-bound loop (16 independent 16-lane chains): the peak on CPUs whose
  * AVX-512 doubles the FMA width (Intel server cores); on Zen 4, whose

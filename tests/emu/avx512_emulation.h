@@ -277,4 +277,9 @@ static inline simde__m512 emu_dpbf16_ps(simde__m512 src, simde__m512bh a, simde_
 #undef _mm512_dpbf16_ps
 #define _mm512_dpbf16_ps(src, a, b) emu_dpbf16_ps((src), (a), (b))
 
+/* SIMDe 0.7 has simde_mm512_shuffle_f32x4 but no native alias for it
+ * (attention_decode_avx512.c's reduction tree). */
+#undef _mm512_shuffle_f32x4
+#define _mm512_shuffle_f32x4(a, b, imm8) simde_mm512_shuffle_f32x4((a), (b), (imm8))
+
 #endif /* MHA_TESTS_AVX512_EMULATION_H */

@@ -107,6 +107,16 @@ float *test_tensor(mha_tensor *t, int ndim, const int64_t *shape, uint64_t seed)
  * skipped in the current test (SKIP_PART), so the caller just moves on. */
 bool test_kernel_runs(mha_kernel kernel);
 
+/* x (n >= 70): inputs for a half-rounding check - normals, values that
+ * underflow, exact powers, 0, 1, inf, bf16 ties both ways, fp16 subnormal
+ * and overflow, a float subnormal, quiet and signalling NaNs whose payload
+ * sits in the low half. */
+void test_rounding_inputs(float *x, int n);
+
+/* A float attention mask (L, S) from normals, -inf at every fifth entry
+ * (e % 5 == 2); malloc'd (free it), NULL when out of memory. */
+float *test_float_mask(int64_t L, int64_t S, uint64_t seed);
+
 /* A contiguous float32 view (a,b,c,d) over x. */
 mha_tensor test_view4(float *x, int64_t a, int64_t b, int64_t c, int64_t d);
 

@@ -77,11 +77,7 @@ static bool hdata_make(hdata *x, const hcase *c, mha_dtype dt, uint64_t seed) {
             return false;
     }
     if (c->mask) {
-        x->mask = malloc(sizeof(float) * (size_t)(c->L * c->S));
-        test_randn(x->mask, (size_t)(c->L * c->S), seed + 7);
-        for (int64_t e = 0; e < c->L * c->S; e++)
-            if (e % 5 == 2)
-                x->mask[e] = -INFINITY;
+        x->mask = test_float_mask(c->L, c->S, seed + 7);
         const int64_t msh[2] = {c->L, c->S};
         mha_tensor_init(&x->mask_t, MHA_F32, x->mask, 2, msh);
     }

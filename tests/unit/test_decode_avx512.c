@@ -195,19 +195,7 @@ TEST(decode_avx512_round_p_matches_scalar) {
     float *x = malloc(sizeof(float) * N * 3);
     REQUIRE(x);
     float *a = x + N, *b = a + N;
-    test_randn(x, N, 77);
-    for (int i = 0; i < N; i++)
-        x[i] = i % 3 == 0 ? fabsf(x[i]) : i % 3 == 1 ? expf(-fabsf(x[i]) * 12.0f)
-                                                     : ldexpf(1.0f + (float)(i % 64) / 64.0f, -(i % 30));
-    x[0] = 0.0f, x[1] = 1.0f, x[2] = INFINITY, x[3] = 1.0f + 1.0f / 256.0f; /* a bf16 tie */
-    x[4] = 6e-8f, x[5] = 70000.0f, x[6] = NAN, x[7] = -NAN;                 /* fp16 subnormal, overflow */
-    x[8] = 1e-40f, x[9] = 1.0f + 3.0f / 256.0f; /* a float subnormal, a bf16 tie rounding up */
-    /* NaNs whose payload is only in the low half (signalling): the rounding
-     * add alone would make 0x7f800001 an infinity, 0x7fffffff carry into
-     * the sign */
-    const uint32_t nans[3] = {0x7f800001u, 0xff80ffffu, 0x7fffffffu};
-    for (int i = 0; i < 3; i++)
-        memcpy(&x[10 + 20 * i], &nans[i], sizeof(float));
+    test_rounding_inputs(x, N);
     const mha_dtype dts[2] = {MHA_BF16, MHA_F16};
     for (int i = 0; i < 2; i++)
         for (int64_t n = N - 17; n <= N; n++) {

@@ -365,8 +365,8 @@ TEST(decode_half_append_converts_and_validates_first) {
 }
 
 /* The AVX2 rounding of P equals mha_round_to bit for bit (normals,
- * subnormals, ties, 0, 1, inf), so a kernel choice changes only the
- * accumulation order. */
+ * subnormals, ties, 0, 1, inf, NaN payloads), so a kernel choice changes
+ * only the accumulation order. */
 TEST(decode_half_round_p_avx2_matches_scalar) {
     if (!mha_decode_isa_avx2.round_p || !mha_cpu_has_avx2_fma())
         SKIP("no AVX2+FMA+F16C build or CPU");
@@ -374,12 +374,7 @@ TEST(decode_half_round_p_avx2_matches_scalar) {
     float *x = malloc(sizeof(float) * N * 3);
     REQUIRE(x);
     float *a = x + N, *b = a + N;
-    test_randn(x, N, 77);
-    for (int i = 0; i < N; i++)
-        x[i] = i % 3 == 0 ? fabsf(x[i]) : i % 3 == 1 ? expf(-fabsf(x[i]) * 12.0f)
-                                                     : ldexpf(1.0f + (float)(i % 64) / 64.0f, -(i % 30));
-    x[0] = 0.0f, x[1] = 1.0f, x[2] = INFINITY, x[3] = 1.0f + 1.0f / 256.0f; /* a bf16 tie */
-    x[4] = 6e-8f, x[5] = 70000.0f;                                          /* fp16 subnormal, overflow */
+    test_rounding_inputs(x, N);
     const mha_dtype dts[2] = {MHA_BF16, MHA_F16};
     for (int i = 0; i < 2; i++) {
         memcpy(a, x, sizeof(float) * N), memcpy(b, x, sizeof(float) * N);

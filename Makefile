@@ -13,8 +13,8 @@
 # tokenizer and the model's JSON files), Open MPI (libmha_mpi.a, mha ring).
 # Each has a built-in fallback or a clear "unsupported" error; each can be
 # switched off: NO_OPENMP=1 NO_CBLAS=1 NO_PNG=1 NO_CJSON=1 NO_UTF8PROC=1
-# NO_MPI=1 NO_SIMDE=1 (SIMDe: tests only) (the build folder then gets a suffix of its own, e.g.
-# build-no-openmp-cblas-png-cjson-utf8proc-mpi-simde).
+# NO_MPI=1 NO_SIMDE=1 (SIMDe: tests only); the build folder then gets a
+# suffix of its own, e.g. build-no-openmp-cblas-png-cjson-utf8proc-mpi-simde.
 
 CC      ?= cc
 PREFIX  ?= /usr/local

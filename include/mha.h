@@ -201,7 +201,7 @@ MHA_API mha_kernel mha_kernel_resolve(mha_kernel requested);
 MHA_API uint64_t mha_splitmix64(uint64_t x);
 
 /* MHA_OK when the environment's MHA_KERNEL and MHA_GEMM are unset, empty
- * or valid (auto|ref|scalar|avx2, auto|blas|avx2|portable); else
+ * or valid (auto|ref|scalar|avx2|avx512, auto|blas|avx2|portable); else
  * MHA_ERR_VALUE naming the variable and the valid values.  Every call that
  * selects a kernel or a GEMM path returns this error too. */
 MHA_API mha_status mha_runtime_check(void);

@@ -209,24 +209,20 @@ endif
 # The AVX-512 kernels once more, emulated (tests/emu/avx512_emulation.h,
 # SIMDe): with MHA_TEST_AVX512=emulate the test library runs these, so the
 # avx512 loops are checked on CPUs without AVX-512.  Needs libsimde-dev;
-# without it the avx512 cases report themselves skipped on such CPUs.  The
-# coverage build (-O0) compiles them at -O1: SIMDe at -O0 is a call per lane.
+# without it the avx512 cases report themselves skipped on such CPUs.
 HAVE_SIMDE := $(if $(filter 1,$(NO_SIMDE)),,$(call probe,-mavx2 -mfma -mf16c -Wno-psabi,$(HASH)include <simde/x86/avx512.h>))
 AVX512_SRC := $(wildcard src/kernels/*_avx512.c src/kernels/*_avx512bf16.c)
-ifeq ($(HAVE_SIMDE),yes)
+# (not in the coverage build, whose one library is also the released one)
+ifeq ($(HAVE_SIMDE)$(COV),yes)
   AVX512_EMU_OBJ := $(AVX512_SRC:src/kernels/%.c=$(TEST_BUILD)/src/kernels/%_emu.o)
   TEST_LIB_OBJ += $(AVX512_EMU_OBJ)
   $(TEST_BUILD)/src/%.o: CFLAGS_ += -DMHA_HAVE_AVX512_EMULATION
-  ifeq ($(COV),1)
-    $(BUILD)/src/%.o: CFLAGS_ += -DMHA_HAVE_AVX512_EMULATION
-  endif
   $(BUILD)/tests/emu/emu_selftest.o: CFLAGS_ += $(AVX2_FLAGS) -Wno-psabi -DMHA_AVX512_EMULATED \
                                                 -Itests/emu -Isrc/kernels
   $(BUILD)/tests/unit/test_avx512.o: CFLAGS_ += -DMHA_HAVE_AVX512_EMULATION
   $(TEST_BUILD)/src/kernels/%_emu.o: src/kernels/%.c tests/emu/avx512_emulation.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_) $(AVX2_FLAGS) $(if $(filter 1,$(COV)),-O1) -Wno-psabi -DMHA_AVX512_EMULATED \
-	    -Itests/emu -c $< -o $@
+	$(CC) $(CFLAGS_) $(AVX2_FLAGS) -Wno-psabi -DMHA_AVX512_EMULATED -Itests/emu -c $< -o $@
 endif
 $(TEST_BUILD)/src/%.o: CFLAGS_ += -fvisibility=hidden -DMHA_BUILDING_LIBRARY -DMHA_TEST_HOOKS
 $(BUILD)/tests/unit/%.o: CFLAGS_ += -DMHA_TEST_HOOKS

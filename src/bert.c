@@ -548,10 +548,6 @@ static mha_tensor vec(const float *data, int64_t n) {
     return t;
 }
 
-/* The error where the avx512 kernel is asked for but does not run. */
-static const char no_avx512[] =
-    "mha_bert: kernel avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)";
-
 /* True when the attention kernel in force is avx2 or avx512 (MHA_KERNEL
  * may ask for the reference or portable paths) and the CPU runs AVX2: the
  * encoder's own AVX2 LayerNorm and short-text attention then serve. */
@@ -581,8 +577,7 @@ static mha_status layernorm(float *x, int64_t T, int64_t D, const float *w, cons
                 failed = 1;
             }
         }
-        MHA_CHECK(!failed, MHA_ERR_UNSUPPORTED, "%s", no_avx512);
-        return MHA_OK;
+        return failed ? mha_avx512_check() : MHA_OK;
     }
     mha_tensor X = rows(x, T, D), W = vec(w, D), Bv = vec(b, D);
     return mha_layernorm_forward(&X, &X, &W, &Bv, eps);
@@ -818,8 +813,8 @@ static mha_status check_ids(const mha_bert *m, const int32_t *ids, const int64_t
  * where it runs (attend). */
 static mha_status check_kernel(void) {
     MHA_TRY(mha_runtime_check());
-    MHA_CHECK(mha_kernel_resolve(MHA_KERNEL_AUTO) != MHA_KERNEL_AVX512 || mha_avx512_runs(),
-              MHA_ERR_UNSUPPORTED, "%s", no_avx512);
+    if (mha_kernel_resolve(MHA_KERNEL_AUTO) == MHA_KERNEL_AVX512)
+        return mha_avx512_check();
     return MHA_OK;
 }
 

@@ -166,6 +166,9 @@ bool mha_cpu_has_avx512_bf16(void);
 bool mha_avx512_emulated(void);
 bool mha_avx512_runs(void);
 bool mha_avx512_bf16_runs(void);
+/* MHA_OK when mha_avx512_runs(), else MHA_ERR_UNSUPPORTED naming AVX-512:
+ * the one refusal of every avx512 dispatch (never a silent fallback). */
+mha_status mha_avx512_check(void);
 #if defined(MHA_TEST_HOOKS) && defined(MHA_HAVE_AVX512_EMULATION)
 /* &sym, or &sym_emu (the emulated build of the same source) when emulating */
 #define MHA_AVX512_PICK(sym) (mha_avx512_emulated() ? &sym##_emu : &sym)

@@ -369,8 +369,7 @@ static mha_status decode_ref(mha_tensor *out, const mha_tensor *q, const mha_kv_
 mha_status mha_decode_isa_for(mha_kernel kr, const mha_decode_isa **isa) {
     *isa = &mha_decode_isa_scalar;
     if (kr == MHA_KERNEL_AVX512) {
-        MHA_CHECK(mha_avx512_runs(), MHA_ERR_UNSUPPORTED,
-                  "kernel: avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)");
+        MHA_TRY(mha_avx512_check());
         *isa = MHA_AVX512_PICK(mha_decode_isa_avx512);
     } else if (kr == MHA_KERNEL_AVX2) {
         MHA_CHECK(mha_decode_isa_avx2.qk && mha_cpu_has_avx2_fma(), MHA_ERR_UNSUPPORTED,

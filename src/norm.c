@@ -43,8 +43,7 @@ void mha_layernorm_f32(float *y, const float *x, int64_t N, int64_t E, const flo
 
 mha_status mha_layernorm_f32_avx512(float *y, const float *x, int64_t N, int64_t E,
                                     const float *w, const float *b, float eps) {
-    MHA_CHECK(mha_avx512_runs(), MHA_ERR_UNSUPPORTED,
-              "kernel: avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)");
+    MHA_TRY(mha_avx512_check());
     (*MHA_AVX512_PICK(mha_layernorm_avx512_loop))(y, x, N, E, w, b, eps);
     return MHA_OK;
 }

@@ -52,10 +52,19 @@ int mha_threads(void) {
 
 /* ---- the CPU ------------------------------------------------------------------ */
 
-/* The one CPU-feature probe: the fused attention kernels and the GEMM's avx2
- * path need AVX2 and FMA; the half-precision loads F16C (every AVX2 CPU
- * made has it, Haswell and Zen on). */
-bool mha_cpu_has_avx2_fma(void) {
+/* A probe's answer, computed once (CPUID exits to the hypervisor in a VM,
+ * so it is not asked on every call; idempotent, so a race is harmless). */
+static bool probe_once(_Atomic int *known, bool (*probe)(void)) {
+    int v = *known; /* 0: not yet asked, 1: yes, 2: no */
+    if (!v)
+        *known = v = probe() ? 1 : 2;
+    return v == 1;
+}
+
+/* The fused attention kernels and the GEMM's avx2 path need AVX2 and FMA;
+ * the half-precision loads F16C (every AVX2 CPU made has it, Haswell and Zen
+ * on). */
+static bool probe_avx2_fma(void) {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
     __builtin_cpu_init();
     /* F16C from CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports
@@ -83,7 +92,7 @@ static uint64_t os_saved_state(void) {
 /* AVX-512 F, DQ, BW and VL (CPUID leaf 7 EBX bits 16, 17, 30, 31), the
  * AVX2 set, and an OS that saves the opmask and ZMM state (XCR0 bits 1, 2,
  * 5, 6, 7): the avx512 kernels' requirement. */
-bool mha_cpu_has_avx512(void) {
+static bool probe_avx512(void) {
 #if defined(__GNUC__) && defined(__x86_64__)
     unsigned a, b, c, d;
     if (!mha_cpu_has_avx2_fma() || !__get_cpuid_count(7, 0, &a, &b, &c, &d))
@@ -96,13 +105,28 @@ bool mha_cpu_has_avx512(void) {
 }
 
 /* AVX512_BF16 (CPUID leaf 7 sub-leaf 1 EAX bit 5): vdpbf16ps. */
-bool mha_cpu_has_avx512_bf16(void) {
+static bool probe_avx512_bf16(void) {
 #if defined(__GNUC__) && defined(__x86_64__)
     unsigned a, b, c, d;
     return mha_cpu_has_avx512() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
 #else
     return false;
 #endif
+}
+
+bool mha_cpu_has_avx2_fma(void) {
+    static _Atomic int known;
+    return probe_once(&known, probe_avx2_fma);
+}
+
+bool mha_cpu_has_avx512(void) {
+    static _Atomic int known;
+    return probe_once(&known, probe_avx512);
+}
+
+bool mha_cpu_has_avx512_bf16(void) {
+    static _Atomic int known;
+    return probe_once(&known, probe_avx512_bf16);
 }
 
 /* The test hook MHA_TEST_AVX512=emulate (test builds with SIMDe only; see
@@ -120,6 +144,12 @@ bool mha_avx512_emulated(void) {
 bool mha_avx512_runs(void) { return mha_avx512_emulated() || mha_cpu_has_avx512(); }
 
 bool mha_avx512_bf16_runs(void) { return mha_avx512_emulated() || mha_cpu_has_avx512_bf16(); }
+
+mha_status mha_avx512_check(void) {
+    MHA_CHECK(mha_avx512_runs(), MHA_ERR_UNSUPPORTED,
+              "kernel: avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)");
+    return MHA_OK;
+}
 
 
 /* ---- the environment's choices ---------------------------------------------------- */

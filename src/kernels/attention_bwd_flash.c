@@ -587,7 +587,6 @@ mha_status mha_attn_bwd_f32_avx2(const mha_attn_problem *p, const mha_attn_grad 
 }
 
 mha_status mha_attn_bwd_f32_avx512(const mha_attn_problem *p, const mha_attn_grad *g) {
-    MHA_CHECK(mha_avx512_runs(), MHA_ERR_UNSUPPORTED,
-              "kernel: avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)");
+    MHA_TRY(mha_avx512_check());
     return mha_attn_bwd_flash_run(p, g, MHA_AVX512_PICK(mha_bwd_isa_avx512));
 }

@@ -693,8 +693,7 @@ mha_status mha_attn_fwd_f32_avx2(const mha_attn_problem *p) {
 }
 
 mha_status mha_attn_fwd_f32_avx512(const mha_attn_problem *p) {
-    MHA_CHECK(mha_avx512_runs(), MHA_ERR_UNSUPPORTED,
-              "kernel: avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)");
+    MHA_TRY(mha_avx512_check());
     return mha_attn_flash_run(p, MHA_AVX512_PICK(mha_flash_isa_avx512), mha_flash_bf16_pick());
 }
 

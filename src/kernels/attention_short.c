@@ -20,8 +20,7 @@ bool mha_attn_short_avx2_fits(int64_t d) {
 mha_status mha_attn_short_f32_avx512(float *ctx, int64_t ldo, const float *q, const float *k,
                                      const float *v, int64_t ld, int64_t L, int64_t H,
                                      int64_t d, float scale, float *ws) {
-    MHA_CHECK(mha_avx512_runs(), MHA_ERR_UNSUPPORTED,
-              "kernel: avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)");
+    MHA_TRY(mha_avx512_check());
     (*MHA_AVX512_PICK(mha_attn_short_avx512_loop))(ctx, ldo, q, k, v, ld, L, H, d, scale, ws);
     return MHA_OK;
 }

@@ -8,6 +8,7 @@
  * MHA_TEST_AVX512=emulate when the test library has them). */
 #include "test.h"
 #include "internal.h" /* mha_cpu_has_avx512, mha_avx512_emulated */
+#include "kernels/attention_flash.h" /* mha_flash_bf16_pick */
 
 #include <math.h>
 
@@ -66,7 +67,10 @@ TEST(avx512_bf16_native) {
     if (!mha_cpu_has_avx512_bf16())
         SKIP("native avx512 bf16 dot products: this CPU lacks AVX512_BF16%s",
              mha_avx512_emulated() ? " (the bf16 loops ran emulated)" : "");
-    CHECK(mha_cpu_has_avx512());
+    /* natively (emulation off) the avx512 choice takes the vdpbf16ps loops */
+    test_avx512_emulation_off();
+    CHECK(mha_flash_bf16_pick() == &mha_flash_bf16_avx512);
+    test_avx512_emulation_restore();
 }
 
 /* Asked for on a CPU without AVX-512 (emulation off): MHA_ERR_UNSUPPORTED

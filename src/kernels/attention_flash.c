@@ -304,17 +304,64 @@ static float row_scores_any(const flash_plan *pl, float *s, int64_t n, int64_t l
     return row_scores_loop(s, n, lim, pl->scale, cap, bias);
 }
 
-/* s rows g0..g0+MR (MR, npanels*NR) = the q tile's rows . the packed K
- * block kp: on bf16 pairs (bf16_qk) or in float32. */
+/* Panels per step of the panel-major loops below (block_qk, block_pv): a
+ * slice of SLICE panels of K (SLICE*NR keys x d, 8 KiB at d = 64) or of V
+ * (BC keys x SLICE*NR columns, 16 KiB) is read from L2 once per tile and
+ * then from L1 by every row group, where a group-major order read the whole
+ * block (32-64 KiB at d = 64-128, more than L1 beside the score tile) once
+ * per row group.  Each element's sum is the same either way: the order only
+ * moves cache traffic, never a bit. */
+enum { SLICE = 2 };
+
+/* s rows g0..g0+MR, columns of panels [p0, p0+np) = the q tile's rows . the
+ * packed K block kp: on bf16 pairs (bf16_qk) or in float32. */
 static void tile_qk(const flash_plan *pl, const flash_ws *w, int64_t g0, const float *kp,
-                    int64_t npanels) {
+                    int64_t p0, int64_t np) {
+    float *s = w->s + g0 * BC + p0 * NR;
     if (pl->bf16_qk) {
-        pl->dot->qk(w->s + g0 * BC, BC, (const uint32_t *)w->qp + g0 * pl->d2, pl->d2,
-                    (const uint32_t *)kp, pl->d2, npanels);
+        pl->dot->qk(s, BC, (const uint32_t *)w->qp + g0 * pl->d2, pl->d2,
+                    (const uint32_t *)kp + p0 * pl->d2 * NR, pl->d2, np);
         return;
     }
     const int64_t d = pl->p->d;
-    pl->isa->qk(w->s + g0 * BC, BC, w->qp + g0 * d, d, kp, d, npanels);
+    pl->isa->qk(s, BC, w->qp + g0 * d, d, kp + p0 * d * NR, d, np);
+}
+
+/* s (rows, BC) = the q tile . kp^T, row group g up to its ncg[g] visible
+ * columns; panel-major (see SLICE). */
+static void block_qk(const flash_plan *pl, const flash_ws *w, int64_t rows, const float *kp,
+                     const int64_t *ncg) {
+    int64_t most = 0;
+    for (int64_t g = 0; g * MR < rows; g++)
+        most = ncg[g] > most ? ncg[g] : most;
+    for (int64_t p0 = 0; p0 * NR < most; p0 += SLICE)
+        for (int64_t g = 0; g * MR < rows; g++) {
+            const int64_t np = (ncg[g] + NR - 1) / NR - p0;
+            if (np > 0)
+                tile_qk(pl, w, g * MR, kp, p0, np < SLICE ? np : SLICE);
+        }
+}
+
+/* o (rows, dvp) += p (rows, ncg[g] per group) . the packed V block vp, on
+ * bf16 pairs (bf16_pv) or in float32; panel-major (see SLICE).  Only for a
+ * block whose V is finite (the caller skips masked columns otherwise). */
+static void block_pv(const flash_plan *pl, const flash_ws *w, int64_t rows, const float *vp,
+                     const int64_t *ncg) {
+    const int64_t dvp = pl->dvp;
+    for (int64_t c0 = 0; c0 < dvp; c0 += SLICE * NR) {
+        const int64_t nc = dvp - c0 < SLICE * NR ? dvp - c0 : SLICE * NR;
+        for (int64_t g = 0; g * MR < rows; g++) {
+            const int64_t g0 = g * MR, ng = ncg[g];
+            if (ng == 0)
+                continue;
+            float *o = w->o + g0 * dvp + c0;
+            if (pl->bf16_pv)
+                pl->dot->pv(o, dvp, w->s + g0 * BC, BC,
+                            (const uint32_t *)vp + (c0 / NR) * (BC / 2) * NR, ng, nc);
+            else
+                pl->isa->pv(o, dvp, w->s + g0 * BC, BC, vp + (c0 / NR) * BC * NR, ng, nc);
+        }
+    }
 }
 
 /* S block for rows 0..rows of the tile: fills s, applies the epilogue per
@@ -330,11 +377,10 @@ static bool score_block(const flash_plan *pl, const flash_ws *w, int64_t b, int6
     for (int64_t g0 = 0, g = 0; g0 < rows; g0 += MR, g++) {
         int64_t g1 = g0 + MR < rows ? g0 + MR : rows;
         ncg[g] = group_cols(p, b, i0 + g1 - 1, j0, n);
-        if (ncg[g] > 0) {
-            tile_qk(pl, w, g0, kp, (ncg[g] + NR - 1) / NR);
-            any = true;
-        }
+        any |= ncg[g] > 0;
     }
+    if (any)
+        block_qk(pl, w, rows, kp, ncg);
     return any;
 }
 
@@ -347,8 +393,10 @@ static void write_scores(const flash_plan *pl, const flash_ws *w, int64_t b, int
     float *qt = (float *)p->qk.data + b * p->qk.stride[0] + h * p->qk.stride[1];
     for (int64_t kb = 0; kb < pl->nkb; kb++) {
         const int64_t j0 = kb * BC, n = p->S - j0 < BC ? p->S - j0 : BC;
-        for (int64_t g0 = 0; g0 < rows; g0 += MR)
-            tile_qk(pl, w, g0, kpack + kb * pl->kblock, (n + NR - 1) / NR);
+        int64_t ncg[BR / MR];
+        for (int64_t g = 0; g * MR < rows; g++)
+            ncg[g] = n;
+        block_qk(pl, w, rows, kpack + kb * pl->kblock, ncg);
         for (int64_t r = 0; r < rows; r++)
             for (int64_t j = 0; j < n; j++) {
                 float x = w->s[r * BC + j] * pl->scale;
@@ -460,28 +508,20 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
                 pl->isa->round_row(sr, ng, p->p_dtype);
         }
         const float *vp = vpack + kb * pl->vblock;
-        for (int64_t g0 = 0, g = 0; g0 < rows; g0 += MR, g++) {
-            const int64_t ng = ncg[g];
-            if (ng == 0)
-                continue;
-            if (!vflags[kb] && pl->bf16_pv) {
-                pl->dot->pv(w->o + g0 * dvp, dvp, w->s + g0 * BC, BC, (const uint32_t *)vp, ng,
-                            dvp);
-                continue;
+        if (!vflags[kb]) {
+            block_pv(pl, w, rows, vp, ncg);
+            continue;
+        }
+        /* non-finite V in this block: skip masked columns explicitly */
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t ng = ncg[r / MR];
+            for (int64_t j = 0; j < ng; j++) {
+                float pj = w->s[r * BC + j];
+                if (is_masked_mark(pj))
+                    continue;
+                for (int64_t c = 0; c < dv; c++)
+                    w->o[r * dvp + c] += pj * packed_v(pl, vp, j, c);
             }
-            if (!vflags[kb]) {
-                pl->isa->pv(w->o + g0 * dvp, dvp, w->s + g0 * BC, BC, vp, ng, dvp);
-                continue;
-            }
-            /* non-finite V in this block: skip masked columns explicitly */
-            for (int64_t r = g0; r < g0 + MR && r < rows; r++)
-                for (int64_t j = 0; j < ng; j++) {
-                    float pj = w->s[r * BC + j];
-                    if (is_masked_mark(pj))
-                        continue;
-                    for (int64_t c = 0; c < dv; c++)
-                        w->o[r * dvp + c] += pj * packed_v(pl, vp, j, c);
-                }
         }
     }
 

@@ -48,6 +48,33 @@ static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 static int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
 static bool is_masked_mark(float x) { return x == 0.0f && signbit(x); }
 
+/* The three per-row loops of the driver, written so the compiler vectorises
+ * them (scalar loops here took 8-10 % of a B=8, L=512, d=64 forward):
+ * whether x[0, n) holds no Inf or NaN (exponent bits all ones); x[c] *= a;
+ * x[c] /= l (a true division: the reference's rounding). */
+static bool all_finite(const float *x, int64_t n) {
+    uint32_t bad = 0;
+#pragma omp simd reduction(| : bad)
+    for (int64_t c = 0; c < n; c++) {
+        uint32_t u;
+        memcpy(&u, x + c, sizeof u);
+        bad |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return !bad;
+}
+
+static void scale_row(float *x, int64_t n, float a) {
+#pragma omp simd
+    for (int64_t c = 0; c < n; c++)
+        x[c] *= a;
+}
+
+static void divide_row(float *x, int64_t n, float l) {
+#pragma omp simd
+    for (int64_t c = 0; c < n; c++)
+        x[c] /= l;
+}
+
 /* ---- portable scalar inner loops ------------------------------------------ */
 
 static void qk_scalar(float *s, int64_t lds, const float *q, int64_t ldq, const float *kp,
@@ -156,6 +183,10 @@ typedef struct flash_plan {
  * the row is a contiguous half row. */
 static void load_row(const flash_plan *pl, float *dst, int64_t dstep, const mha_tensor *t,
                      int64_t off, int64_t n, float mul) {
+    if (t->dtype == MHA_F32 && t->stride[3] == 1 && dstep == 1 && mul == 1.0f) {
+        memcpy(dst, (const float *)t->data + off, sizeof(float) * (size_t)n); /* V rows */
+        return;
+    }
     if (t->dtype == MHA_F32 || t->stride[3] != 1 || !pl->isa->widen_row) {
         mha_gather_f(dst, dstep, t->data, t->dtype, off, t->stride[3], n, mul);
         return;
@@ -225,8 +256,7 @@ static bool pack_kv_block(const flash_plan *pl, int64_t b, int64_t hk, int64_t k
             const int64_t nc = dv - c0 < NR ? dv - c0 : NR;
             float *panel = vd + (c0 / NR) * BC * NR;
             load_row(pl, panel, 1, &p->v, vr + c0 * p->v.stride[3], nc, 1.0f);
-            for (int64_t c = 0; c < nc; c++)
-                nonfinite |= !isfinite(panel[c]);
+            nonfinite |= !all_finite(panel, nc);
         }
     }
     return nonfinite;
@@ -490,9 +520,7 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
             if (!(mnew == mold)) {
                 if (mold != -INFINITY) { /* lazy rescale: only when the max moved */
                     float alpha = expf(mold - mnew);
-                    float *orow = w->o + r * dvp;
-                    for (int64_t c = 0; c < dvp; c++)
-                        orow[c] *= alpha;
+                    scale_row(w->o + r * dvp, dvp, alpha);
                     w->l[r] *= alpha;
                 }
                 w->m[r] = mnew;
@@ -532,8 +560,7 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
         const float sink = ((const float *)p->sinks.data)[h * p->sinks.stride[0]];
         if (sink > w->m[r]) {
             float alpha = expf(w->m[r] - sink);
-            for (int64_t c = 0; c < dvp; c++)
-                w->o[r * dvp + c] *= alpha;
+            scale_row(w->o + r * dvp, dvp, alpha);
             w->l[r] *= alpha;
             w->m[r] = sink;
         }
@@ -554,9 +581,11 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
     const float fill = p->masked_rows == MHA_MASKED_ROWS_NAN ? NAN : 0.0f;
     for (int64_t r = 0; r < rows; r++) {
         float *acc = w->o + r * dvp; /* normalised in place: not read again */
-        bool dead = w->m[r] == -INFINITY;
-        for (int64_t c = 0; c < dv; c++)
-            acc[c] = dead ? fill : acc[c] / w->l[r];
+        if (w->m[r] == -INFINITY)
+            for (int64_t c = 0; c < dv; c++)
+                acc[c] = fill;
+        else
+            divide_row(acc, dv, w->l[r]);
         mha_scatter_f(p->o.data, p->o.dtype, o0 + (i0 + r) * p->o.stride[2], p->o.stride[3], acc,
                       dv);
     }

@@ -335,13 +335,14 @@ static float row_scores_any(const flash_plan *pl, float *s, int64_t n, int64_t l
 }
 
 /* Panels per step of the panel-major loops below (block_qk, block_pv): a
- * slice of SLICE panels of K (SLICE*NR keys x d, 8 KiB at d = 64) or of V
- * (BC keys x SLICE*NR columns, 16 KiB) is read from L2 once per tile and
+ * slice of SLICE panels of K (SLICE*NR keys x d, 16 KiB at d = 64) or of V
+ * (BC keys x SLICE*NR columns, 32 KiB; the avx512 block takes 4 panels at
+ * once) is read from L2 once per tile and
  * then from L1 by every row group, where a group-major order read the whole
  * block (32-64 KiB at d = 64-128, more than L1 beside the score tile) once
  * per row group.  Each element's sum is the same either way: the order only
  * moves cache traffic, never a bit. */
-enum { SLICE = 2 };
+enum { SLICE = 4 };
 
 /* s rows g0..g0+MR, columns of panels [p0, p0+np) = the q tile's rows . the
  * packed K block kp: on bf16 pairs (bf16_qk) or in float32. */

@@ -7,11 +7,12 @@
  * layouts are the same.  Compiled with AVX512_FLAGS; only reached after
  * mha_avx512_runs() (natively, or emulated in the test library).
  *
- * Register blocking: two 16-column panels at once, 6 rows x 2 ZMM = 12
- * accumulators, each broadcast of q (or p) feeding two FMAs; per step 2
- * panel loads + 6 broadcasts + 12 FMAs for 384 FLOPs, half the instructions
- * of the AVX2 6x16 block.  An odd last panel takes a 6 x 1 ZMM block.  Row
- * tails use masked loads and stores instead of a padded buffer.
+ * Register blocking: up to four 16-column panels at once, 6 rows x 4 ZMM =
+ * 24 accumulators, each broadcast of q (or p) feeding four FMAs; per step 4
+ * panel loads + 6 broadcasts + 24 FMAs for 768 FLOPs (the AVX2 6x16 block:
+ * 2 loads + 6 broadcasts per 12 FMAs of 8 lanes).  Leftover panels take a
+ * 6 x 2 and a 6 x 1 block.  Row tails use masked loads and stores instead
+ * of a padded buffer.
  */
 #include "attention_flash.h"
 #include "convert.h"
@@ -22,114 +23,66 @@
 
 enum { MR = MHA_FLASH_MR, NR = MHA_FLASH_NR, BC = MHA_FLASH_BC };
 
-/* 6 rows x 2 panels: acc[r][0..1] (+)= a[r] . (b0 | b1) over k steps.  a's
- * row r starts at a + r*lda (step 1); panel rows bstep floats apart. */
-#define BLOCK2_STEP(a0, lda, j, b0, b1)                                                       \
-    do {                                                                                      \
-        __m512 x_;                                                                            \
-        x_ = _mm512_set1_ps((a0)[j]);                                                         \
-        c00 = _mm512_fmadd_ps(x_, b0, c00), c01 = _mm512_fmadd_ps(x_, b1, c01);               \
-        x_ = _mm512_set1_ps((a0)[(lda) + (j)]);                                               \
-        c10 = _mm512_fmadd_ps(x_, b0, c10), c11 = _mm512_fmadd_ps(x_, b1, c11);               \
-        x_ = _mm512_set1_ps((a0)[2 * (lda) + (j)]);                                           \
-        c20 = _mm512_fmadd_ps(x_, b0, c20), c21 = _mm512_fmadd_ps(x_, b1, c21);               \
-        x_ = _mm512_set1_ps((a0)[3 * (lda) + (j)]);                                           \
-        c30 = _mm512_fmadd_ps(x_, b0, c30), c31 = _mm512_fmadd_ps(x_, b1, c31);               \
-        x_ = _mm512_set1_ps((a0)[4 * (lda) + (j)]);                                           \
-        c40 = _mm512_fmadd_ps(x_, b0, c40), c41 = _mm512_fmadd_ps(x_, b1, c41);               \
-        x_ = _mm512_set1_ps((a0)[5 * (lda) + (j)]);                                           \
-        c50 = _mm512_fmadd_ps(x_, b0, c50), c51 = _mm512_fmadd_ps(x_, b1, c51);               \
-    } while (0)
+/* The register block, 6 rows x np panels (np = 4, 2 or 1, a constant once
+ * inlined): acc[r][t] (+)= sum over steps c of a[r*lda + c] . b_t[c*NR],
+ * panel t's rows NR floats apart and the panels bstep floats apart.  At
+ * np = 4: 24 accumulators, 4 panel loads and 6 broadcasts per 24 FMAs (29
+ * of 32 vector registers).  acc starts at zero (qk) or from c (pv); every
+ * element is one FMA chain in step order, whatever np. */
+static inline __attribute__((always_inline)) void
+block(float *c, int64_t ldc, int load_c, const float *a, int64_t lda, const float *b,
+      int64_t bstep, int64_t steps, const int np) {
+    __m512 acc[MR][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < np; t++)
+            acc[r][t] = load_c ? _mm512_loadu_ps(c + r * ldc + t * NR) : _mm512_setzero_ps();
+    for (int64_t k = 0; k < steps; k++) {
+        __m512 bt[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < np; t++)
+            bt[t] = _mm512_load_ps(b + t * bstep + k * NR);
+#pragma GCC unroll 6
+        for (int r = 0; r < MR; r++) {
+            const __m512 x = _mm512_set1_ps(a[r * lda + k]);
+#pragma GCC unroll 4
+            for (int t = 0; t < np; t++)
+                acc[r][t] = _mm512_fmadd_ps(x, bt[t], acc[r][t]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < np; t++)
+            _mm512_storeu_ps(c + r * ldc + t * NR, acc[r][t]);
+}
 
-#define BLOCK1_STEP(a0, lda, j, b0)                                                           \
-    do {                                                                                      \
-        c00 = _mm512_fmadd_ps(_mm512_set1_ps((a0)[j]), b0, c00);                              \
-        c10 = _mm512_fmadd_ps(_mm512_set1_ps((a0)[(lda) + (j)]), b0, c10);                    \
-        c20 = _mm512_fmadd_ps(_mm512_set1_ps((a0)[2 * (lda) + (j)]), b0, c20);                \
-        c30 = _mm512_fmadd_ps(_mm512_set1_ps((a0)[3 * (lda) + (j)]), b0, c30);                \
-        c40 = _mm512_fmadd_ps(_mm512_set1_ps((a0)[4 * (lda) + (j)]), b0, c40);                \
-        c50 = _mm512_fmadd_ps(_mm512_set1_ps((a0)[5 * (lda) + (j)]), b0, c50);                \
-    } while (0)
-
-/* s (MR, npanels*NR) = q (MR, d) . kp^T (npanels, d, NR) */
+/* s (MR, npanels*NR) = q (MR, d) . kp^T (npanels, d, NR): blocks of 4
+ * panels, then 2, then 1. */
 static void qk_avx512(float *s, int64_t lds, const float *q, int64_t ldq, const float *kp,
                       int64_t d, int64_t npanels) {
     int64_t p = 0;
-    for (; p + 2 <= npanels; p += 2) {
-        const float *k0 = kp + p * d * NR, *k1 = k0 + d * NR;
-        __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,
-               c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-        for (int64_t c = 0; c < d; c++) {
-            const __m512 b0 = _mm512_load_ps(k0 + c * NR), b1 = _mm512_load_ps(k1 + c * NR);
-            BLOCK2_STEP(q, ldq, c, b0, b1);
-        }
-        float *o = s + p * NR;
-        _mm512_storeu_ps(o, c00), _mm512_storeu_ps(o + NR, c01), o += lds;
-        _mm512_storeu_ps(o, c10), _mm512_storeu_ps(o + NR, c11), o += lds;
-        _mm512_storeu_ps(o, c20), _mm512_storeu_ps(o + NR, c21), o += lds;
-        _mm512_storeu_ps(o, c30), _mm512_storeu_ps(o + NR, c31), o += lds;
-        _mm512_storeu_ps(o, c40), _mm512_storeu_ps(o + NR, c41), o += lds;
-        _mm512_storeu_ps(o, c50), _mm512_storeu_ps(o + NR, c51);
-    }
-    if (p < npanels) {
-        const float *k0 = kp + p * d * NR;
-        __m512 c00 = _mm512_setzero_ps(), c10 = c00, c20 = c00, c30 = c00, c40 = c00, c50 = c00;
-        for (int64_t c = 0; c < d; c++) {
-            const __m512 b0 = _mm512_load_ps(k0 + c * NR);
-            BLOCK1_STEP(q, ldq, c, b0);
-        }
-        float *o = s + p * NR;
-        _mm512_storeu_ps(o, c00), o += lds;
-        _mm512_storeu_ps(o, c10), o += lds;
-        _mm512_storeu_ps(o, c20), o += lds;
-        _mm512_storeu_ps(o, c30), o += lds;
-        _mm512_storeu_ps(o, c40), o += lds;
-        _mm512_storeu_ps(o, c50);
-    }
+    for (; p + 4 <= npanels; p += 4)
+        block(s + p * NR, lds, 0, q, ldq, kp + p * d * NR, d * NR, d, 4);
+    if (p + 2 <= npanels)
+        block(s + p * NR, lds, 0, q, ldq, kp + p * d * NR, d * NR, d, 2), p += 2;
+    if (p < npanels)
+        block(s + p * NR, lds, 0, q, ldq, kp + p * d * NR, d * NR, d, 1);
 }
 
-/* o (MR, dvp) += p (MR, n) . vp (dvp/NR, BC, NR) */
+/* o (MR, dvp) += p (MR, n) . vp (dvp/NR, BC, NR): the same blocks over the
+ * column panels. */
 static void pv_avx512(float *o, int64_t ldo, const float *p, int64_t ldp, const float *vp,
                       int64_t n, int64_t dvp) {
     const int64_t np = dvp / NR;
     int64_t cp = 0;
-    for (; cp + 2 <= np; cp += 2) {
-        const float *v0 = vp + cp * BC * NR, *v1 = v0 + BC * NR;
-        float *oc = o + cp * NR;
-        __m512 c00 = _mm512_loadu_ps(oc), c01 = _mm512_loadu_ps(oc + NR);
-        __m512 c10 = _mm512_loadu_ps(oc + ldo), c11 = _mm512_loadu_ps(oc + ldo + NR);
-        __m512 c20 = _mm512_loadu_ps(oc + 2 * ldo), c21 = _mm512_loadu_ps(oc + 2 * ldo + NR);
-        __m512 c30 = _mm512_loadu_ps(oc + 3 * ldo), c31 = _mm512_loadu_ps(oc + 3 * ldo + NR);
-        __m512 c40 = _mm512_loadu_ps(oc + 4 * ldo), c41 = _mm512_loadu_ps(oc + 4 * ldo + NR);
-        __m512 c50 = _mm512_loadu_ps(oc + 5 * ldo), c51 = _mm512_loadu_ps(oc + 5 * ldo + NR);
-        for (int64_t j = 0; j < n; j++) {
-            const __m512 b0 = _mm512_load_ps(v0 + j * NR), b1 = _mm512_load_ps(v1 + j * NR);
-            BLOCK2_STEP(p, ldp, j, b0, b1);
-        }
-        _mm512_storeu_ps(oc, c00), _mm512_storeu_ps(oc + NR, c01), oc += ldo;
-        _mm512_storeu_ps(oc, c10), _mm512_storeu_ps(oc + NR, c11), oc += ldo;
-        _mm512_storeu_ps(oc, c20), _mm512_storeu_ps(oc + NR, c21), oc += ldo;
-        _mm512_storeu_ps(oc, c30), _mm512_storeu_ps(oc + NR, c31), oc += ldo;
-        _mm512_storeu_ps(oc, c40), _mm512_storeu_ps(oc + NR, c41), oc += ldo;
-        _mm512_storeu_ps(oc, c50), _mm512_storeu_ps(oc + NR, c51);
-    }
-    if (cp < np) {
-        const float *v0 = vp + cp * BC * NR;
-        float *oc = o + cp * NR;
-        __m512 c00 = _mm512_loadu_ps(oc), c10 = _mm512_loadu_ps(oc + ldo);
-        __m512 c20 = _mm512_loadu_ps(oc + 2 * ldo), c30 = _mm512_loadu_ps(oc + 3 * ldo);
-        __m512 c40 = _mm512_loadu_ps(oc + 4 * ldo), c50 = _mm512_loadu_ps(oc + 5 * ldo);
-        for (int64_t j = 0; j < n; j++) {
-            const __m512 b0 = _mm512_load_ps(v0 + j * NR);
-            BLOCK1_STEP(p, ldp, j, b0);
-        }
-        _mm512_storeu_ps(oc, c00), oc += ldo;
-        _mm512_storeu_ps(oc, c10), oc += ldo;
-        _mm512_storeu_ps(oc, c20), oc += ldo;
-        _mm512_storeu_ps(oc, c30), oc += ldo;
-        _mm512_storeu_ps(oc, c40), oc += ldo;
-        _mm512_storeu_ps(oc, c50);
-    }
+    for (; cp + 4 <= np; cp += 4)
+        block(o + cp * NR, ldo, 1, p, ldp, vp + cp * BC * NR, BC * NR, n, 4);
+    if (cp + 2 <= np)
+        block(o + cp * NR, ldo, 1, p, ldp, vp + cp * BC * NR, BC * NR, n, 2), cp += 2;
+    if (cp < np)
+        block(o + cp * NR, ldo, 1, p, ldp, vp + cp * BC * NR, BC * NR, n, 1);
 }
 
 /* Epilogue of one score row (see mha_flash_isa.row_scores); a partial last

@@ -11,11 +11,10 @@
  * One register-blocked product serves all five GEMMs of the backward
  * (S = Q K^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q, dQ = dS K), the A
  * operand read through a row and a column stride as in the AVX2 loop.
- * Register blocking: two 16-column panels at once, 6 rows x 2 ZMM = 12
- * accumulators, each broadcast of A feeding two FMAs; per step 2 panel loads
- * + 6 broadcasts + 12 FMAs for 384 FLOPs (15 of 32 ZMM live: room for the
- * compiler to pipeline loads), half the instructions per FLOP of the AVX2
- * 6x16 block.  An odd last panel takes a 6 x 1 ZMM block.  Each output
+ * Register blocking: up to four 16-column panels at once, 6 rows x 4 ZMM =
+ * 24 accumulators, each broadcast of A feeding four FMAs; per step 4 panel
+ * loads + 6 broadcasts + 24 FMAs for 768 FLOPs (29 of 32 ZMM live).  Left
+ * over panels take a 6 x 2 and a 6 x 1 block.  Each output
  * element is summed over k in the same order with one FMA per step as in
  * the AVX2 loop, so the products round identically.  The score-row epilogue
  * runs 16 lanes at a time with masked tails (no scalar tail, no padding
@@ -32,34 +31,34 @@
 enum { MR = MHA_BWD_MR, NR = MHA_BWD_NR };
 
 /* One register block: c (MR, npan*NR) (+)= a (MR, k) . npan panels of b
- * (k, NR) pstride floats apart, npan 1 or 2 (a constant at both call sites,
- * so the arrays below unroll into 6 or 12 ZMM registers). */
+ * (k, NR) pstride floats apart, npan 4, 2 or 1 (a constant at each call
+ * site, so the arrays below unroll into 24, 12 or 6 ZMM registers). */
 static inline __attribute__((always_inline)) void
 block_avx512(float *c, int64_t ldc, const float *a, int64_t rsa, int64_t csa, const float *b,
              int64_t pstride, int64_t k, bool acc, const int npan) {
-    __m512 t[MR][2];
+    __m512 t[MR][4];
 #pragma GCC unroll 6
     for (int r = 0; r < MR; r++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int q = 0; q < npan; q++)
             t[r][q] = acc ? _mm512_loadu_ps(c + r * ldc + q * NR) : _mm512_setzero_ps();
     for (int64_t x = 0; x < k; x++) {
         const float *ax = a + x * csa;
-        __m512 bv[2];
-#pragma GCC unroll 2
+        __m512 bv[4];
+#pragma GCC unroll 4
         for (int q = 0; q < npan; q++)
             bv[q] = _mm512_load_ps(b + q * pstride + x * NR);
 #pragma GCC unroll 6
         for (int r = 0; r < MR; r++) {
             const __m512 av = _mm512_set1_ps(ax[r * rsa]);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int q = 0; q < npan; q++)
                 t[r][q] = _mm512_fmadd_ps(av, bv[q], t[r][q]);
         }
     }
 #pragma GCC unroll 6
     for (int r = 0; r < MR; r++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int q = 0; q < npan; q++)
             _mm512_storeu_ps(c + r * ldc + q * NR, t[r][q]);
 }
@@ -68,8 +67,10 @@ block_avx512(float *c, int64_t ldc, const float *a, int64_t rsa, int64_t csa, co
 static void gemm_avx512(float *c, int64_t ldc, const float *a, int64_t rsa, int64_t csa,
                         const float *b, int64_t pstride, int64_t k, int64_t np, bool acc) {
     int64_t pn = 0;
-    for (; pn + 2 <= np; pn += 2)
-        block_avx512(c + pn * NR, ldc, a, rsa, csa, b + pn * pstride, pstride, k, acc, 2);
+    for (; pn + 4 <= np; pn += 4)
+        block_avx512(c + pn * NR, ldc, a, rsa, csa, b + pn * pstride, pstride, k, acc, 4);
+    if (pn + 2 <= np)
+        block_avx512(c + pn * NR, ldc, a, rsa, csa, b + pn * pstride, pstride, k, acc, 2), pn += 2;
     if (pn < np)
         block_avx512(c + pn * NR, ldc, a, rsa, csa, b + pn * pstride, pstride, k, acc, 1);
 }

@@ -166,6 +166,10 @@ bool mha_cpu_has_avx512_bf16(void);
 bool mha_avx512_emulated(void);
 bool mha_avx512_runs(void);
 bool mha_avx512_bf16_runs(void);
+/* True when the CPU has AVX512_BF16 and its vdpbf16ps is faster than the
+ * float32 FMA (AMD Zen 4; not the Intel Xeons measured): the avx512 kernel
+ * then multiplies bf16 tensors as pairs, otherwise it widens them. */
+bool mha_cpu_bf16_dot_is_fast(void);
 /* MHA_OK when mha_avx512_runs(), else MHA_ERR_UNSUPPORTED naming AVX-512:
  * the one refusal of every avx512 dispatch (never a silent fallback). */
 mha_status mha_avx512_check(void);

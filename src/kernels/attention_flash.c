@@ -768,5 +768,6 @@ mha_status mha_attn_fwd_f32_avx512(const mha_attn_problem *p) {
 }
 
 const mha_flash_bf16 *mha_flash_bf16_pick(void) {
-    return mha_avx512_bf16_runs() ? MHA_AVX512_PICK(mha_flash_bf16_avx512) : NULL;
+    const bool take = mha_avx512_emulated() || mha_cpu_bf16_dot_is_fast();
+    return take && mha_avx512_bf16_runs() ? MHA_AVX512_PICK(mha_flash_bf16_avx512) : NULL;
 }

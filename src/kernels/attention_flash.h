@@ -93,8 +93,9 @@ MHA_AVX512_DECLARE(mha_flash_isa, mha_flash_isa_avx512);
 /* The AVX512_BF16 loops (attention_flash_avx512bf16.c; only after
  * mha_avx512_bf16_runs()): mha_flash_bf16_pick() returns them then. */
 MHA_AVX512_DECLARE(mha_flash_bf16, mha_flash_bf16_avx512);
-/* The bf16 loops the avx512 kernel choice runs (native or emulated), or
- * NULL when mha_avx512_bf16_runs() is false. */
+/* The bf16 loops the avx512 kernel choice runs: emulated, or natively where
+ * mha_cpu_bf16_dot_is_fast(); NULL otherwise (bf16 tensors are then widened
+ * to float32 at packing). */
 const mha_flash_bf16 *mha_flash_bf16_pick(void);
 
 /* An FMA-bound loop (12 independent 8-lane chains, iters steps); *flops

@@ -32,9 +32,11 @@
 
 enum { NR = MHA_FLASH_NR, MR = MHA_FLASH_MR, BC = MHA_FLASH_BC };
 
-/* The bf16 loops the avx512 kernel runs, or NULL (the test then skips). */
+/* The bf16 loops wherever they run (emulated, or a CPU with AVX512_BF16,
+ * fast or not), or NULL (the test then skips). */
 static const mha_flash_bf16 *bf16_loops(void) {
-    const mha_flash_bf16 *dot = mha_flash_bf16_pick();
+    const mha_flash_bf16 *dot =
+        mha_avx512_bf16_runs() ? MHA_AVX512_PICK(mha_flash_bf16_avx512) : NULL;
     if (!dot)
         test_skip(1, "no AVX512_BF16 on this CPU and no emulated build");
     return dot;

@@ -147,9 +147,9 @@ bool mha_avx512_bf16_runs(void) { return mha_avx512_emulated() || mha_cpu_has_av
 
 /* Whether vdpbf16ps outruns the float32 FMA loops it would replace: on AMD
  * (Zen 4: one 512-bit vdpbf16ps per cycle, 64 FLOPs, twice the FMA rate),
- * not on the Intel Xeons measured (an AVX-512/AMX server core: 0.5 per
- * cycle, 82 GFLOP/s per core against 168 for the FMA loop (bench/dot_peak.c), so the bf16
- * forward ran at 0.64x its float32 time).  Decided by vendor, never by a
+ * not on the Intel Xeon measured (an AVX-512 server core: 0.5 per cycle,
+ * 77-82 GFLOP/s per core against 152-168 for the FMA loop, bench/dot_peak.c;
+ * the bf16 forward ran at 0.64x its float32 time).  Decided by vendor, never by a
  * timing, so a given CPU always takes the same loops and the same bits. */
 static bool probe_bf16_dot_fast(void) {
 #if defined(__GNUC__) && defined(__x86_64__)

@@ -3,7 +3,8 @@
  *
  * THE GEMM route: every product of the library goes through the two
  * dispatchers here.  Three paths (src/kernels/gemm.h): one cblas_sgemm call
- * (OpenBLAS), mha's packed AVX2+FMA kernel (src/kernels/gemm_avx2.c), or the
+ * (OpenBLAS), mha's packed SIMD GEMM (src/kernels/gemm_avx2.c: the 6x16 AVX2 or
+ * the 12x32 AVX-512 block, gemm_avx512.c), or the
  * cache-blocked portable loops (src/kernels/gemm_ref.c, the reference,
  * always built); the choice is src/runtime.c's.  Also the public Linear
  * functions (nn.Linear forward and backward).  Letters: M rows of x, K input

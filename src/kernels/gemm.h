@@ -3,7 +3,8 @@
  * Letters: M rows of x and y, N output features (rows of w), K input
  * features.  Three paths compute the same product (rounding differs):
  *   blas      cblas_sgemm (OpenBLAS, when the build found it);
- *   avx2      mha's packed 6x16 AVX2+FMA kernel (gemm_avx2.c);
+ *   avx2      mha's own packed SIMD GEMM (gemm_avx2.c): the 6x16 AVX2+FMA
+ *             block, or the 12x32 AVX-512 one (gemm_avx512.c) where it runs;
  *   portable  the blocked C loops in gemm_ref.c (always built, the reference).
  * mha_linear_f32 (internal.h) picks one: MHA_GEMM=blas|avx2|portable forces
  * a path; otherwise OpenBLAS unless its run-time core has no AVX2 kernels
@@ -46,8 +47,37 @@ void mha_gemm_f32_ref(float *y, int64_t ldy, const float *x, int64_t ldx, const 
 void mha_gemm_f32_ab_ref(int trans_a, float *c, int64_t ldc, const float *a, int64_t lda,
                          const float *b, int64_t ldb, int64_t M, int64_t N, int64_t K);
 
+/* The avx2 path's register block, one per ISA: c (mr, nr) rows ldc apart +=
+ * a (mr, kc) . b (kc, nr), a's rows the pointers a[0..mr) (any stride), b a
+ * packed panel (kc rows of nr floats, 64-byte aligned).  Each c element is
+ * one FMA chain in k order, so every block gives the same bits.  The driver
+ * (gemm_avx2.c: packing, loop nest, tails, threads) is shared:
+ *   mha_gemm_isa_avx2    the 6x16 AVX2+FMA block (gemm_avx2.c);
+ *   mha_gemm_isa_avx512  the 12x32 AVX-512 block (gemm_avx512.c; check
+ *                        mha_avx512_runs(), take it with MHA_AVX512_PICK). */
+enum { MHA_GEMM_MR_MAX = 12, MHA_GEMM_NR_MAX = 32 };
+typedef struct mha_gemm_isa {
+    int mr, nr; /* rows <= MHA_GEMM_MR_MAX, columns <= MHA_GEMM_NR_MAX (a multiple of 16) */
+    void (*block)(int64_t kc, const float *const *a, const float *b, float *c, int64_t ldc);
+} mha_gemm_isa;
+extern const mha_gemm_isa mha_gemm_isa_avx2;
+MHA_AVX512_DECLARE(mha_gemm_isa, mha_gemm_isa_avx512);
+
+/* The block the avx2 path runs here: avx512 where the kernel choice
+ * resolves to avx512 and mha_avx512_runs() (as src/bert.c picks the packed
+ * blocks), else avx2.  MHA_KERNEL=avx2 keeps the 6x16 block. */
+const mha_gemm_isa *mha_gemm_isa_pick(void);
+
+/* The two products below on a chosen block (tests compare blocks). */
+void mha_gemm_f32_run(const mha_gemm_isa *isa, float *y, int64_t ldy, const float *x,
+                      int64_t ldx, const float *w, int64_t ldw, int64_t M, int64_t N, int64_t K);
+void mha_gemm_f32_ab_run(const mha_gemm_isa *isa, int trans_a, float *c, int64_t ldc,
+                         const float *a, int64_t lda, const float *b, int64_t ldb, int64_t M,
+                         int64_t N, int64_t K);
+
 /* avx2 path: y (M,N) += x (M,K) w^T, y already holds its initial value
- * (bias, zero or the caller's).  Only call after a CPU check. */
+ * (bias, zero or the caller's), on mha_gemm_isa_pick()'s block.  Only call
+ * after a CPU check. */
 void mha_gemm_f32_avx2(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
                        int64_t ldw, int64_t M, int64_t N, int64_t K);
 

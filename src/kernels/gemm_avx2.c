@@ -1,7 +1,10 @@
-/* gemm_avx2.c - y (M,N) += x (M,K) w^T with AVX2+FMA, packed panels; and
+/* gemm_avx2.c - y (M,N) += x (M,K) w^T with packed panels; and
  * the backward's two products C (M,N) += A (M,K) B (K,N) and
  * C (M,N) += A (K,M)^T B (K,N) through the same kernel (only the packing
  * differs: B (K,N) panels are row copies, A (K,M) is packed transposed).
+ * This file holds the driver (packing, loop nest, tails, threads) and the
+ * 6x16 AVX2 block; the 12x32 AVX-512 block (gemm_avx512.c) runs in the same
+ * driver through mha_gemm_isa (gemm.h).
  *
  * Letters: M rows of x/y, N output features (w is (N,K), PyTorch Linear
  * layout), K input features.  The portable reference of the same product is
@@ -14,8 +17,8 @@
  * ACM TOMS 41(3), 2015 (the 5-loop structure and the haswell sgemm 6x16
  * register block).
  *
- *   per task (MC rows x NC columns of y), per KC slice of K and per NR = 16
- *   columns, 16 rows of w are packed into one micro-panel  wp (KC, NR)
+ *   per task (MC rows x NC columns of y), per KC slice of K and per NR
+ *   (16 or 32) columns, NR rows of w are packed into one micro-panel  wp (KC, NR)
  *   (w^T, zero-padded) on the thread's stack, then reused by all MC/MR
  *   row groups of the task; x is read in place (6 row pointers, any ldx),
  *   so nothing is allocated: the layers' planned forward stays
@@ -24,15 +27,16 @@
  *   broadcasts 6 floats of x per k: 12 FMAs per 2 loads + 6 broadcasts.
  *
  * Sizes (fixed, never per thread count):
- *   KC = 256: a wp micro-panel KC x NR is 16 KiB and stays in L1 (32-48 KiB)
- *             while the task walks down its MC rows; 6 rows of x over KC are 6 KiB;
+ *   KC = 256: a wp micro-panel KC x NR is 16 KiB (NR 16) or 32 KiB (NR 32)
+ *             and stays in L1 (32-48 KiB) while the task walks down its MC
+ *             rows; MR rows of x over KC are 6 or 12 KiB;
  *   MC = 144: the x block MC x KC (144 KiB) stays in L2 (512 KiB-2 MiB) with
  *             the y tile MC x NC (144 KiB at NC = 256) while the task walks
  *             its NC / NR micro-panels; each micro-panel of w is packed once
- *             per MC rows (1 copied float per 288 FLOP);
+ *             per MC rows (1 copied float per 288 FLOP); 144 = 24 x 6 = 12 x 12;
  *   NC = 256: tasks of MC x NC; enough of them for load balance at M >= 300;
  *   AC = 48:  rows of a transposed A (the backward's dW = dY^T X) packed at
- *             a time, 48 KiB on the stack beside the 16 KiB B panel; each B
+ *             a time, 48 KiB on the stack beside the 16-32 KiB B panel; each B
  *             panel is then packed MC / AC = 3 times per task (1 copied
  *             float per 96 FLOP).
  * Determinism: every y element is summed in the same order (KC slices in
@@ -44,11 +48,11 @@
 #include <immintrin.h>
 #include <string.h>
 
-enum { MR = 6, NR = 16, KC = 256, MC = 144, NC = 256 };
+enum { MR = 6, NR = 16, KC = 256, MC = 144, NC = 256 }; /* MR x NR: the AVX2 block */
 
 /* c (MR, NR) += a (MR, kc) . b (kc, NR): a rows are the pointers a0..a5 (any
  * stride, the rows of x), b is a packed panel; c rows ldc apart. */
-static void kernel_6x16(int64_t kc, const float *const a[MR], const float *b, float *c,
+static void kernel_6x16(int64_t kc, const float *const *a, const float *b, float *c,
                         int64_t ldc) {
     const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5];
     __m256 c00 = _mm256_loadu_ps(c), c01 = _mm256_loadu_ps(c + 8);
@@ -96,30 +100,32 @@ typedef struct gemm_ops {
     int b_kn; /* 1: b is (K,N); 0: b is (N,K) */
 } gemm_ops;
 
-/* bp (kc, NR) = op(B) rows [k0, k0+kc), columns [n0, n0+nr) (b already
- * offset to (n0, k0) or (k0, n0)); zero columns past nr. */
+/* bp (kc, nrp) = op(B) rows [k0, k0+kc), columns [n0, n0+nr) (b already
+ * offset to (n0, k0) or (k0, n0)); zero columns past nr; nrp the block's
+ * panel width (a multiple of 16). */
 static void pack_b_panel(float *bp, const float *b, int64_t ldb, int b_kn, int64_t nr,
-                         int64_t kc) {
-    if (nr < NR)
-        memset(bp, 0, sizeof(float) * (size_t)(kc * NR));
-    if (b_kn && nr == NR) {
-        /* two vector moves per row: an inlined memcpy of 64 bytes became
+                         int64_t nrp, int64_t kc) {
+    if (nr < nrp)
+        memset(bp, 0, sizeof(float) * (size_t)(kc * nrp));
+    if (b_kn && nr == nrp) {
+        /* vector moves per row: an inlined memcpy of 64 bytes became
          * `rep movsq`, slow to start, and took most of the packing time */
-        for (int64_t k = 0; k < kc; k++) {
-            _mm256_store_ps(bp + k * NR, _mm256_loadu_ps(b + k * ldb));
-            _mm256_store_ps(bp + k * NR + 8, _mm256_loadu_ps(b + k * ldb + 8));
-        }
+        for (int64_t k = 0; k < kc; k++)
+            for (int64_t j = 0; j < nrp; j += 16) {
+                _mm256_store_ps(bp + k * nrp + j, _mm256_loadu_ps(b + k * ldb + j));
+                _mm256_store_ps(bp + k * nrp + j + 8, _mm256_loadu_ps(b + k * ldb + j + 8));
+            }
         return;
     }
     if (b_kn) {
         for (int64_t k = 0; k < kc; k++)
-            memcpy(bp + k * NR, b + k * ldb, sizeof(float) * (size_t)nr);
+            memcpy(bp + k * nrp, b + k * ldb, sizeof(float) * (size_t)nr);
         return;
     }
     for (int64_t j = 0; j < nr; j++) {
         const float *src = b + j * ldb;
         for (int64_t k = 0; k < kc; k++)
-            bp[k * NR + j] = src[k];
+            bp[k * nrp + j] = src[k];
     }
 }
 
@@ -134,17 +140,19 @@ static void pack_a_block(float *ap, const float *a, int64_t lda, int64_t mc, int
     }
 }
 
-/* One task: C rows [r0, r0+mc) x columns [c0, c0+nc), all of K.  The
- * micro-panel of op(B) (16 KiB) and, for a transposed A, a block of AC rows
- * of op(A) (48 KiB) live on this thread's stack.  Every C element is summed
- * in the same order (k ascending, one FMA chain) whatever the blocking. */
-enum { AC = 48 }; /* rows of op(A) packed at a time: 8 micro-rows, KC x AC in L2 */
+/* One task: C rows [r0, r0+mc) x columns [c0, c0+nc), all of K, on isa's
+ * MR x NR block.  The micro-panel of op(B) (16-32 KiB) and, for a
+ * transposed A, a block of AC rows of op(A) (48 KiB) live on this thread's
+ * stack.  Every C element is summed in the same order (k ascending, one FMA
+ * chain) whatever the blocking and the block. */
+enum { AC = 48 }; /* rows of op(A) packed at a time: 8 or 4 micro-rows, KC x AC in L2 */
 
-static void gemm_task(float *y, int64_t ldy, const gemm_ops *o, int64_t K, int64_t r0,
-                      int64_t mc, int64_t c0, int64_t nc) {
-    float bp[KC * NR] __attribute__((aligned(64)));
+static void gemm_task(const mha_gemm_isa *isa, float *y, int64_t ldy, const gemm_ops *o,
+                      int64_t K, int64_t r0, int64_t mc, int64_t c0, int64_t nc) {
+    const int64_t mrb = isa->mr, nrb = isa->nr;
+    float bp[KC * MHA_GEMM_NR_MAX] __attribute__((aligned(64)));
     float ap[o->a_trans ? AC * KC : 1] __attribute__((aligned(64)));
-    float t[MR * NR] __attribute__((aligned(32)));
+    float t[MHA_GEMM_MR_MAX * MHA_GEMM_NR_MAX] __attribute__((aligned(64)));
     const int64_t chunk = o->a_trans ? AC : mc;
     for (int64_t k0 = 0; k0 < K; k0 += KC) {
         int64_t kc = K - k0 < KC ? K - k0 : KC;
@@ -152,30 +160,30 @@ static void gemm_task(float *y, int64_t ldy, const gemm_ops *o, int64_t K, int64
             int64_t ic = mc - i0 < chunk ? mc - i0 : chunk;
             if (o->a_trans)
                 pack_a_block(ap, o->a + k0 * o->lda + r0 + i0, o->lda, ic, kc);
-            for (int64_t j = 0; j < nc; j += NR) {
-                int64_t nr = nc - j < NR ? nc - j : NR;
+            for (int64_t j = 0; j < nc; j += nrb) {
+                int64_t nr = nc - j < nrb ? nc - j : nrb;
                 const float *bsrc = o->b_kn ? o->b + k0 * o->ldb + c0 + j
                                             : o->b + (c0 + j) * o->ldb + k0;
-                pack_b_panel(bp, bsrc, o->ldb, o->b_kn, nr, kc);
-                for (int64_t i = i0; i < i0 + ic; i += MR) {
-                    int64_t mr = i0 + ic - i < MR ? i0 + ic - i : MR;
-                    const float *a[MR];
+                pack_b_panel(bp, bsrc, o->ldb, o->b_kn, nr, nrb, kc);
+                for (int64_t i = i0; i < i0 + ic; i += mrb) {
+                    int64_t mr = i0 + ic - i < mrb ? i0 + ic - i : mrb;
+                    const float *a[MHA_GEMM_MR_MAX];
                     /* rows past mr repeat the first row; their results are dropped */
-                    for (int r = 0; r < MR; r++) {
+                    for (int64_t r = 0; r < mrb; r++) {
                         int64_t row = i + (r < mr ? r : 0);
                         a[r] = o->a_trans ? ap + (row - i0) * KC
                                           : o->a + (r0 + row) * o->lda + k0;
                     }
                     float *c = y + (r0 + i) * ldy + c0 + j;
-                    if (mr == MR && nr == NR) {
-                        kernel_6x16(kc, a, bp, c, ldy);
+                    if (mr == mrb && nr == nrb) {
+                        isa->block(kc, a, bp, c, ldy);
                     } else {
-                        /* partial block through a full tile: the arithmetic is the kernel's own */
+                        /* partial block through a full tile: the arithmetic is the block's own */
                         for (int64_t r = 0; r < mr; r++)
-                            memcpy(t + r * NR, c + r * ldy, sizeof(float) * (size_t)nr);
-                        kernel_6x16(kc, a, bp, t, NR);
+                            memcpy(t + r * nrb, c + r * ldy, sizeof(float) * (size_t)nr);
+                        isa->block(kc, a, bp, t, nrb);
                         for (int64_t r = 0; r < mr; r++)
-                            memcpy(c + r * ldy, t + r * NR, sizeof(float) * (size_t)nr);
+                            memcpy(c + r * ldy, t + r * nrb, sizeof(float) * (size_t)nr);
                     }
                 }
             }
@@ -184,7 +192,8 @@ static void gemm_task(float *y, int64_t ldy, const gemm_ops *o, int64_t K, int64
 }
 
 /* Tasks of MC x NC, fixed by the problem size (never by the thread count). */
-static void gemm_run(float *y, int64_t ldy, const gemm_ops *o, int64_t M, int64_t N, int64_t K) {
+static void gemm_run(const mha_gemm_isa *isa, float *y, int64_t ldy, const gemm_ops *o, int64_t M,
+                     int64_t N, int64_t K) {
     if (M <= 0 || N <= 0 || K <= 0)
         return;
     const int64_t nmb = (M + MC - 1) / MC, nnb = (N + NC - 1) / NC, tasks = nmb * nnb;
@@ -199,18 +208,37 @@ static void gemm_run(float *y, int64_t ldy, const gemm_ops *o, int64_t M, int64_
         int64_t mb = t / nnb, nb = t % nnb;
         int64_t r0 = mb * MC, c0 = nb * NC;
         int64_t mc = M - r0 < MC ? M - r0 : MC, nc = N - c0 < NC ? N - c0 : NC;
-        gemm_task(y, ldy, o, K, r0, mc, c0, nc);
+        gemm_task(isa, y, ldy, o, K, r0, mc, c0, nc);
     }
+}
+
+const mha_gemm_isa mha_gemm_isa_avx2 = {MR, NR, kernel_6x16};
+
+const mha_gemm_isa *mha_gemm_isa_pick(void) {
+    if (mha_kernel_resolve(MHA_KERNEL_AUTO) == MHA_KERNEL_AVX512 && mha_avx512_runs())
+        return MHA_AVX512_PICK(mha_gemm_isa_avx512);
+    return &mha_gemm_isa_avx2;
+}
+
+void mha_gemm_f32_run(const mha_gemm_isa *isa, float *y, int64_t ldy, const float *x,
+                      int64_t ldx, const float *w, int64_t ldw, int64_t M, int64_t N, int64_t K) {
+    gemm_ops o = {.a = x, .lda = ldx, .a_trans = 0, .b = w, .ldb = ldw, .b_kn = 0};
+    gemm_run(isa, y, ldy, &o, M, N, K);
+}
+
+void mha_gemm_f32_ab_run(const mha_gemm_isa *isa, int trans_a, float *c, int64_t ldc,
+                         const float *a, int64_t lda, const float *b, int64_t ldb, int64_t M,
+                         int64_t N, int64_t K) {
+    gemm_ops o = {.a = a, .lda = lda, .a_trans = trans_a != 0, .b = b, .ldb = ldb, .b_kn = 1};
+    gemm_run(isa, c, ldc, &o, M, N, K);
 }
 
 void mha_gemm_f32_avx2(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
                        int64_t ldw, int64_t M, int64_t N, int64_t K) {
-    gemm_ops o = {.a = x, .lda = ldx, .a_trans = 0, .b = w, .ldb = ldw, .b_kn = 0};
-    gemm_run(y, ldy, &o, M, N, K);
+    mha_gemm_f32_run(mha_gemm_isa_pick(), y, ldy, x, ldx, w, ldw, M, N, K);
 }
 
 void mha_gemm_f32_ab_avx2(int trans_a, float *c, int64_t ldc, const float *a, int64_t lda,
                           const float *b, int64_t ldb, int64_t M, int64_t N, int64_t K) {
-    gemm_ops o = {.a = a, .lda = lda, .a_trans = trans_a != 0, .b = b, .ldb = ldb, .b_kn = 1};
-    gemm_run(c, ldc, &o, M, N, K);
+    mha_gemm_f32_ab_run(mha_gemm_isa_pick(), trans_a, c, ldc, a, lda, b, ldb, M, N, K);
 }

@@ -365,3 +365,123 @@ TEST(gemm_ab_no_path_allocates) {
         ab_free(&t);
     }
 }
+
+/* ---- the avx2 path's blocks: 6x16 AVX2 against 12x32 AVX-512 --------------------
+ * Both blocks run in one driver and sum each element as one FMA chain in k
+ * order, so they must agree bit for bit, on y += x w^T and on both C += op(A)
+ * B; and each against the float64 product (the rule above).  Shapes cross
+ * every tail of both blocks (M 1, 13; N 1, 33; K 1, 257), strided operands
+ * with guards.  Skipped where AVX-512 neither runs nor is emulated. */
+
+/* Runs y += x w^T (kind 0) or C += op(A) B (kind 1: trans_a 0, 2: 1) on isa
+ * into out (M, ld), from the case's initial values. */
+static void blocks_run(const mha_gemm_isa *isa, int kind, const gemm_case *g, const ab_case *t,
+                       float *out) {
+    if (kind == 0) {
+        memcpy(out, g->y0, sizeof(float) * (size_t)(g->M * g->ldy));
+        mha_gemm_f32_run(isa, out, g->ldy, g->x, g->ldx, g->w, g->ldw, g->M, g->N, g->K);
+    } else {
+        memcpy(out, t->c0, sizeof(float) * (size_t)(t->M * t->ldc));
+        mha_gemm_f32_ab_run(isa, t->trans_a, out, t->ldc, t->a, t->lda, t->b, t->ldb, t->M, t->N,
+                            t->K);
+    }
+}
+
+/* |out - float64 product| within the rule, guards kept; op(A)(i,k) and
+ * B(k,j) read through the case's layout. */
+static void blocks_check_ref(int kind, const gemm_case *g, const ab_case *t, const float *out) {
+    const int64_t M = kind ? t->M : g->M, N = kind ? t->N : g->N, K = kind ? t->K : g->K;
+    const int64_t ld = kind ? t->ldc : g->ldy;
+    const float *init = kind ? t->c0 : g->y0;
+    int bad = 0;
+    for (int64_t i = 0; i < M && bad < 3; i++)
+        for (int64_t j = 0; j < ld && bad < 3; j++) {
+            const float got = out[i * ld + j];
+            if (j >= N) {
+                if (got != GUARD)
+                    test_fail(__FILE__, __LINE__, "kind %d: guard (%lld,%lld) overwritten", kind,
+                              (long long)i, (long long)j), bad++;
+                continue;
+            }
+            double ref = init[i * ld + j], mag = fabs(ref);
+            for (int64_t k = 0; k < K; k++) {
+                const double av = kind == 0   ? g->x[i * g->ldx + k]
+                                  : kind == 1 ? t->a[i * t->lda + k]
+                                              : t->a[k * t->lda + i];
+                const double bv = kind == 0 ? g->w[j * g->ldw + k] : t->b[k * t->ldb + j];
+                ref += av * bv, mag += fabs(av * bv);
+            }
+            if (!(fabs(got - ref) <= (double)(K + 2) * 1.2e-7 * mag + 1e-30))
+                test_fail(__FILE__, __LINE__, "kind %d M=%lld N=%lld K=%lld: (%lld,%lld) = %.9g, ref %.9g",
+                          kind, (long long)M, (long long)N, (long long)K, (long long)i,
+                          (long long)j, got, ref), bad++;
+        }
+}
+
+TEST(gemm_avx512_block_matches_avx2_block) {
+    if (!mha_cpu_has_avx2_fma())
+        SKIP("gemm avx2 driver: this CPU lacks AVX2+FMA");
+    if (!mha_avx512_runs())
+        SKIP("gemm avx512 block: this CPU lacks AVX-512 (and it is not emulated here)");
+    const mha_gemm_isa *b512 = MHA_AVX512_PICK(mha_gemm_isa_avx512);
+    static const int64_t shapes[][4] = {/* M, N, K, pad */
+                                        {1, 1, 1, 0},     {1, 33, 257, 1},  {13, 1, 5, 2},
+                                        {13, 33, 1, 3},   {13, 33, 257, 1}, {12, 32, 256, 0},
+                                        {25, 65, 513, 2}, {145, 97, 300, 1}, {7, 1536, 64, 0}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], pad = shapes[s][3];
+        for (int kind = 0; kind < 3; kind++) {
+            gemm_case g = {0};
+            ab_case t = {0};
+            if (kind == 0)
+                case_make(&g, M, N, K, pad, 600 + s);
+            else
+                ab_make(&t, kind - 1, M, N, K, pad, 700 + s * 2 + (uint64_t)kind);
+            const size_t n = kind ? (size_t)(M * t.ldc) : (size_t)(M * g.ldy);
+            float *o2 = malloc(sizeof(float) * n), *o5 = malloc(sizeof(float) * n);
+            blocks_run(&mha_gemm_isa_avx2, kind, &g, &t, o2);
+            blocks_run(b512, kind, &g, &t, o5);
+            blocks_check_ref(kind, &g, &t, o5);
+            if (memcmp(o2, o5, sizeof(float) * n) != 0)
+                test_fail(__FILE__, __LINE__, "kind %d M=%lld N=%lld K=%lld: avx512 and avx2 blocks differ",
+                          kind, (long long)M, (long long)N, (long long)K);
+            free(o2), free(o5);
+            if (kind == 0)
+                case_free(&g);
+            else
+                ab_free(&t);
+        }
+    }
+}
+
+TEST(gemm_avx512_block_bit_identical_across_threads) {
+    if (!mha_cpu_has_avx2_fma())
+        SKIP("gemm avx2 driver: this CPU lacks AVX2+FMA");
+    if (!mha_avx512_runs())
+        SKIP("gemm avx512 block: this CPU lacks AVX-512 (and it is not emulated here)");
+    const mha_gemm_isa *b512 = MHA_AVX512_PICK(mha_gemm_isa_avx512);
+    static const int threads[] = {1, 2, 3, 7};
+    for (int kind = 0; kind < 3; kind++) {
+        gemm_case g = {0};
+        ab_case t = {0};
+        if (kind == 0)
+            case_make(&g, 301, 531, 517, 3, 800);
+        else
+            ab_make(&t, kind - 1, 301, 531, 517, 3, 810 + (uint64_t)kind);
+        const size_t n = kind ? (size_t)(t.M * t.ldc) : (size_t)(g.M * g.ldy);
+        float *first = malloc(sizeof(float) * n), *o = malloc(sizeof(float) * n);
+        for (int k = 0; k < 4; k++) {
+            mha_set_num_threads(threads[k]);
+            blocks_run(b512, kind, &g, &t, k ? o : first);
+            if (k && memcmp(first, o, sizeof(float) * n) != 0)
+                test_fail(__FILE__, __LINE__, "avx512 block kind %d differs at %d threads", kind,
+                          threads[k]);
+        }
+        mha_set_num_threads(0);
+        free(first), free(o);
+        if (kind == 0)
+            case_free(&g);
+        else
+            ab_free(&t);
+    }
+}

@@ -58,6 +58,7 @@ void mha_gemm_f32_ab_ref(int trans_a, float *c, int64_t ldc, const float *a, int
 enum { MHA_GEMM_MR_MAX = 12, MHA_GEMM_NR_MAX = 32 };
 typedef struct mha_gemm_isa {
     int mr, nr; /* rows <= MHA_GEMM_MR_MAX, columns <= MHA_GEMM_NR_MAX (a multiple of 16) */
+    int mc;     /* rows of y per task, a multiple of mr (the x block kept in L2) */
     void (*block)(int64_t kc, const float *const *a, const float *b, float *c, int64_t ldc);
 } mha_gemm_isa;
 extern const mha_gemm_isa mha_gemm_isa_avx2;

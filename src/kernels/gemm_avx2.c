@@ -30,10 +30,18 @@
  *   KC = 256: a wp micro-panel KC x NR is 16 KiB (NR 16) or 32 KiB (NR 32)
  *             and stays in L1 (32-48 KiB) while the task walks down its MC
  *             rows; MR rows of x over KC are 6 or 12 KiB;
- *   MC = 144: the x block MC x KC (144 KiB) stays in L2 (512 KiB-2 MiB) with
- *             the y tile MC x NC (144 KiB at NC = 256) while the task walks
- *             its NC / NR micro-panels; each micro-panel of w is packed once
- *             per MC rows (1 copied float per 288 FLOP); 144 = 24 x 6 = 12 x 12;
+ *   MC = 144 (the AVX2 block; mha_gemm_isa.mc): the x block MC x KC (144
+ *             KiB) stays in L2 (512 KiB on Zen 1-3) with the y tile MC x NC
+ *             (144 KiB at NC = 256) while the task walks its NC / NR
+ *             micro-panels; each micro-panel of w is packed once per MC rows
+ *             (1 copied float per 288 FLOP);
+ *   MC = 576 (the AVX-512 block, whose cores have 1-2 MiB of L2): a 576 KiB
+ *             x block, w packed once per 576 rows (1 per 1152 FLOP).  On the
+ *             Intel Xeon measured the transposing pack of w had taken 6 % of
+ *             an E = 384 MHA forward at MC = 144; `build/gemm_bench avx2 M N
+ *             K 5` alternated 3 times, GFLOP/s at MC 144 / 288 / 576: 4096 x
+ *             1152 x 384: 93-126 / 114-141 / 135-140; 1024 x 3072 x 1024:
+ *             80-122 / 94-139 / 131-141 (noisy host; 576 never lost);
  *   NC = 256: tasks of MC x NC; enough of them for load balance at M >= 300;
  *   AC = 48:  rows of a transposed A (the backward's dW = dY^T X) packed at
  *             a time, 48 KiB on the stack beside the 16-32 KiB B panel; each B
@@ -48,7 +56,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-enum { MR = 6, NR = 16, KC = 256, MC = 144, NC = 256 }; /* MR x NR: the AVX2 block */
+enum { MR = 6, NR = 16, KC = 256, MC = 144, NC = 256 }; /* MR x NR, MC: the AVX2 block's */
 
 /* c (MR, NR) += a (MR, kc) . b (kc, NR): a rows are the pointers a0..a5 (any
  * stride, the rows of x), b is a packed panel; c rows ldc apart. */
@@ -191,12 +199,13 @@ static void gemm_task(const mha_gemm_isa *isa, float *y, int64_t ldy, const gemm
     }
 }
 
-/* Tasks of MC x NC, fixed by the problem size (never by the thread count). */
+/* Tasks of isa->mc x NC, fixed by the problem size (never by the thread count). */
 static void gemm_run(const mha_gemm_isa *isa, float *y, int64_t ldy, const gemm_ops *o, int64_t M,
                      int64_t N, int64_t K) {
     if (M <= 0 || N <= 0 || K <= 0)
         return;
-    const int64_t nmb = (M + MC - 1) / MC, nnb = (N + NC - 1) / NC, tasks = nmb * nnb;
+    const int64_t rows = isa->mc; /* per task */
+    const int64_t nmb = (M + rows - 1) / rows, nnb = (N + NC - 1) / NC, tasks = nmb * nnb;
     int nt = mha_threads();
     if (nt > tasks)
         nt = (int)tasks;
@@ -206,13 +215,13 @@ static void gemm_run(const mha_gemm_isa *isa, float *y, int64_t ldy, const gemm_
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
     for (int64_t t = 0; t < tasks; t++) {
         int64_t mb = t / nnb, nb = t % nnb;
-        int64_t r0 = mb * MC, c0 = nb * NC;
-        int64_t mc = M - r0 < MC ? M - r0 : MC, nc = N - c0 < NC ? N - c0 : NC;
+        int64_t r0 = mb * rows, c0 = nb * NC;
+        int64_t mc = M - r0 < rows ? M - r0 : rows, nc = N - c0 < NC ? N - c0 : NC;
         gemm_task(isa, y, ldy, o, K, r0, mc, c0, nc);
     }
 }
 
-const mha_gemm_isa mha_gemm_isa_avx2 = {MR, NR, kernel_6x16};
+const mha_gemm_isa mha_gemm_isa_avx2 = {MR, NR, MC, kernel_6x16};
 
 const mha_gemm_isa *mha_gemm_isa_pick(void) {
     if (mha_kernel_resolve(MHA_KERNEL_AUTO) == MHA_KERNEL_AVX512 && mha_avx512_runs())

@@ -17,7 +17,7 @@
 
 #include "simd_avx512.h" /* the intrinsics, or their emulation (test library) */
 
-enum { MR = 12, NR = 32 };
+enum { MR = 12, NR = 32, MC = 576 }; /* MC: rows per task (gemm_avx2.c, Sizes) */
 
 /* c (MR, NR) rows ldc apart += a (MR, kc) . b (kc, NR): mha_gemm_isa.block. */
 static void block_12x32(int64_t kc, const float *const *a, const float *b, float *c,
@@ -54,4 +54,4 @@ static void block_12x32(int64_t kc, const float *const *a, const float *b, float
         _mm512_storeu_ps(c + r * ldc, lo[r]), _mm512_storeu_ps(c + r * ldc + 16, hi[r]);
 }
 
-const mha_gemm_isa MHA_AVX512_SYMBOL(mha_gemm_isa_avx512) = {MR, NR, block_12x32};
+const mha_gemm_isa MHA_AVX512_SYMBOL(mha_gemm_isa_avx512) = {MR, NR, MC, block_12x32};

@@ -26,53 +26,16 @@
 
 #include <math.h>
 
-#include "simd_avx512.h" /* mask16, exp512 */
+#include "simd_avx512.h" /* block6_avx512, mask16, exp512 */
 
 enum { MR = MHA_BWD_MR, NR = MHA_BWD_NR };
+_Static_assert(MR == 6 && NR == 16, "block6_avx512 is 6 rows x 16-column panels");
 
-/* One register block: c (MR, npan*NR) (+)= a (MR, k) . npan panels of b
- * (k, NR) pstride floats apart, npan 4, 2 or 1 (a constant at each call
- * site, so the arrays below unroll into 24, 12 or 6 ZMM registers). */
-static inline __attribute__((always_inline)) void
-block_avx512(float *c, int64_t ldc, const float *a, int64_t rsa, int64_t csa, const float *b,
-             int64_t pstride, int64_t k, bool acc, const int npan) {
-    __m512 t[MR][4];
-#pragma GCC unroll 6
-    for (int r = 0; r < MR; r++)
-#pragma GCC unroll 4
-        for (int q = 0; q < npan; q++)
-            t[r][q] = acc ? _mm512_loadu_ps(c + r * ldc + q * NR) : _mm512_setzero_ps();
-    for (int64_t x = 0; x < k; x++) {
-        const float *ax = a + x * csa;
-        __m512 bv[4];
-#pragma GCC unroll 4
-        for (int q = 0; q < npan; q++)
-            bv[q] = _mm512_load_ps(b + q * pstride + x * NR);
-#pragma GCC unroll 6
-        for (int r = 0; r < MR; r++) {
-            const __m512 av = _mm512_set1_ps(ax[r * rsa]);
-#pragma GCC unroll 4
-            for (int q = 0; q < npan; q++)
-                t[r][q] = _mm512_fmadd_ps(av, bv[q], t[r][q]);
-        }
-    }
-#pragma GCC unroll 6
-    for (int r = 0; r < MR; r++)
-#pragma GCC unroll 4
-        for (int q = 0; q < npan; q++)
-            _mm512_storeu_ps(c + r * ldc + q * NR, t[r][q]);
-}
-
-/* c (MR, np*NR) (+)= a (MR, k) . b (np, k, NR), a(r,x) = a[r*rsa + x*csa] */
+/* c (MR, np*NR) (+)= a (MR, k) . b (np, k, NR), a(r,x) = a[r*rsa + x*csa]:
+ * block6_avx512's panel walk (simd_avx512.h). */
 static void gemm_avx512(float *c, int64_t ldc, const float *a, int64_t rsa, int64_t csa,
                         const float *b, int64_t pstride, int64_t k, int64_t np, bool acc) {
-    int64_t pn = 0;
-    for (; pn + 4 <= np; pn += 4)
-        block_avx512(c + pn * NR, ldc, a, rsa, csa, b + pn * pstride, pstride, k, acc, 4);
-    if (pn + 2 <= np)
-        block_avx512(c + pn * NR, ldc, a, rsa, csa, b + pn * pstride, pstride, k, acc, 2), pn += 2;
-    if (pn < np)
-        block_avx512(c + pn * NR, ldc, a, rsa, csa, b + pn * pstride, pstride, k, acc, 1);
+    panels6_avx512(c, ldc, acc, a, rsa, csa, b, pstride, k, np);
 }
 
 /* See mha_bwd_isa.row_grad: P = exp(s*scale + bias - lse), dS = P (dP - D);

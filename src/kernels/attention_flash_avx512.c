@@ -7,8 +7,9 @@
  * layouts are the same.  Compiled with AVX512_FLAGS; only reached after
  * mha_avx512_runs() (natively, or emulated in the test library).
  *
- * Register blocking: up to four 16-column panels at once, 6 rows x 4 ZMM =
- * 24 accumulators, each broadcast of q (or p) feeding four FMAs; per step 4
+ * Register blocking (block6_avx512, simd_avx512.h, shared with the
+ * backward): up to four 16-column panels at once, 6 rows x 4 ZMM = 24
+ * accumulators, each broadcast of q (or p) feeding four FMAs; per step 4
  * panel loads + 6 broadcasts + 24 FMAs for 768 FLOPs (the AVX2 6x16 block:
  * 2 loads + 6 broadcasts per 12 FMAs of 8 lanes).  Leftover panels take a
  * 6 x 2 and a 6 x 1 block.  Row tails use masked loads and stores instead
@@ -22,67 +23,18 @@
 #include "simd_avx512.h"
 
 enum { MR = MHA_FLASH_MR, NR = MHA_FLASH_NR, BC = MHA_FLASH_BC };
+_Static_assert(MR == 6 && NR == 16, "block6_avx512 is 6 rows x 16-column panels");
 
-/* The register block, 6 rows x np panels (np = 4, 2 or 1, a constant once
- * inlined): acc[r][t] (+)= sum over steps c of a[r*lda + c] . b_t[c*NR],
- * panel t's rows NR floats apart and the panels bstep floats apart.  At
- * np = 4: 24 accumulators, 4 panel loads and 6 broadcasts per 24 FMAs (29
- * of 32 vector registers).  acc starts at zero (qk) or from c (pv); every
- * element is one FMA chain in step order, whatever np. */
-static inline __attribute__((always_inline)) void
-block(float *c, int64_t ldc, int load_c, const float *a, int64_t lda, const float *b,
-      int64_t bstep, int64_t steps, const int np) {
-    __m512 acc[MR][4];
-#pragma GCC unroll 6
-    for (int r = 0; r < MR; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < np; t++)
-            acc[r][t] = load_c ? _mm512_loadu_ps(c + r * ldc + t * NR) : _mm512_setzero_ps();
-    for (int64_t k = 0; k < steps; k++) {
-        __m512 bt[4];
-#pragma GCC unroll 4
-        for (int t = 0; t < np; t++)
-            bt[t] = _mm512_load_ps(b + t * bstep + k * NR);
-#pragma GCC unroll 6
-        for (int r = 0; r < MR; r++) {
-            const __m512 x = _mm512_set1_ps(a[r * lda + k]);
-#pragma GCC unroll 4
-            for (int t = 0; t < np; t++)
-                acc[r][t] = _mm512_fmadd_ps(x, bt[t], acc[r][t]);
-        }
-    }
-#pragma GCC unroll 6
-    for (int r = 0; r < MR; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < np; t++)
-            _mm512_storeu_ps(c + r * ldc + t * NR, acc[r][t]);
-}
-
-/* s (MR, npanels*NR) = q (MR, d) . kp^T (npanels, d, NR): blocks of 4
- * panels, then 2, then 1. */
+/* s (MR, npanels*NR) = q (MR, d) . kp^T (npanels, d, NR) */
 static void qk_avx512(float *s, int64_t lds, const float *q, int64_t ldq, const float *kp,
                       int64_t d, int64_t npanels) {
-    int64_t p = 0;
-    for (; p + 4 <= npanels; p += 4)
-        block(s + p * NR, lds, 0, q, ldq, kp + p * d * NR, d * NR, d, 4);
-    if (p + 2 <= npanels)
-        block(s + p * NR, lds, 0, q, ldq, kp + p * d * NR, d * NR, d, 2), p += 2;
-    if (p < npanels)
-        block(s + p * NR, lds, 0, q, ldq, kp + p * d * NR, d * NR, d, 1);
+    panels6_avx512(s, lds, 0, q, ldq, 1, kp, d * NR, d, npanels);
 }
 
-/* o (MR, dvp) += p (MR, n) . vp (dvp/NR, BC, NR): the same blocks over the
- * column panels. */
+/* o (MR, dvp) += p (MR, n) . vp (dvp/NR, BC, NR) */
 static void pv_avx512(float *o, int64_t ldo, const float *p, int64_t ldp, const float *vp,
                       int64_t n, int64_t dvp) {
-    const int64_t np = dvp / NR;
-    int64_t cp = 0;
-    for (; cp + 4 <= np; cp += 4)
-        block(o + cp * NR, ldo, 1, p, ldp, vp + cp * BC * NR, BC * NR, n, 4);
-    if (cp + 2 <= np)
-        block(o + cp * NR, ldo, 1, p, ldp, vp + cp * BC * NR, BC * NR, n, 2), cp += 2;
-    if (cp < np)
-        block(o + cp * NR, ldo, 1, p, ldp, vp + cp * BC * NR, BC * NR, n, 1);
+    panels6_avx512(o, ldo, 1, p, ldp, 1, vp, BC * NR, n, dvp / NR);
 }
 
 /* Epilogue of one score row (see mha_flash_isa.row_scores); a partial last

@@ -19,6 +19,60 @@
 #include "avx512_emulation.h"
 #endif
 
+/* ---- the attention products' register block ---------------------------------- */
+
+/* c (6, np*16) rows ldc apart (+)= a (6, steps) . np panels of b (steps, 16),
+ * a(r, x) = a[r*rsa + x*csa], panel t at b + t*bstep with its rows 16 floats
+ * apart; load_c: the sums start from c, else from 0.  np = 4, 2 or 1, a
+ * constant once inlined, so the arrays unroll into 24, 12 or 6 ZMM
+ * accumulators (at 4: 4 panel loads + 6 broadcasts per 24 FMAs, 29 of 32
+ * registers).  Every element is one FMA chain in step order whatever np:
+ * the forward (attention_flash_avx512.c) and the five products of the
+ * backward (attention_bwd_avx512.c) both run it. */
+static inline __attribute__((always_inline)) void
+block6_avx512(float *c, int64_t ldc, int load_c, const float *a, int64_t rsa, int64_t csa,
+              const float *b, int64_t bstep, int64_t steps, const int np) {
+    __m512 acc[6][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < 6; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < np; t++)
+            acc[r][t] = load_c ? _mm512_loadu_ps(c + r * ldc + t * 16) : _mm512_setzero_ps();
+    for (int64_t x = 0; x < steps; x++) {
+        const float *ax = a + x * csa;
+        __m512 bt[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < np; t++)
+            bt[t] = _mm512_load_ps(b + t * bstep + x * 16);
+#pragma GCC unroll 6
+        for (int r = 0; r < 6; r++) {
+            const __m512 av = _mm512_set1_ps(ax[r * rsa]);
+#pragma GCC unroll 4
+            for (int t = 0; t < np; t++)
+                acc[r][t] = _mm512_fmadd_ps(av, bt[t], acc[r][t]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < 6; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < np; t++)
+            _mm512_storeu_ps(c + r * ldc + t * 16, acc[r][t]);
+}
+
+/* block6_avx512 over npanels panels: blocks of 4 panels, then 2, then 1. */
+static inline void panels6_avx512(float *c, int64_t ldc, int load_c, const float *a,
+                                  int64_t rsa, int64_t csa, const float *b, int64_t bstep,
+                                  int64_t steps, int64_t npanels) {
+    int64_t p = 0;
+    for (; p + 4 <= npanels; p += 4)
+        block6_avx512(c + p * 16, ldc, load_c, a, rsa, csa, b + p * bstep, bstep, steps, 4);
+    if (p + 2 <= npanels)
+        block6_avx512(c + p * 16, ldc, load_c, a, rsa, csa, b + p * bstep, bstep, steps, 2),
+            p += 2;
+    if (p < npanels)
+        block6_avx512(c + p * 16, ldc, load_c, a, rsa, csa, b + p * bstep, bstep, steps, 1);
+}
+
 /* Lanes [0, n) of a 16-lane vector (n >= 16: all). */
 static inline __mmask16 mask16(int64_t n) {
     return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);

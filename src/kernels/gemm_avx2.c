@@ -45,8 +45,8 @@
  *   NC = 256: tasks of MC x NC; enough of them for load balance at M >= 300;
  *   AC = 48:  rows of a transposed A (the backward's dW = dY^T X) packed at
  *             a time, 48 KiB on the stack beside the 16-32 KiB B panel; each B
- *             panel is then packed MC / AC = 3 times per task (1 copied
- *             float per 96 FLOP).
+ *             panel is then packed MC / AC times per task (3 at MC = 144, 12 at
+ *             576: 1 copied float per 96 FLOP either way).
  * Determinism: every y element is summed in the same order (KC slices in
  * order, k in order inside one, one FMA chain per element) whichever task
  * and thread computes it, so y is bit-identical for any thread count.

@@ -149,9 +149,11 @@ cli: $(CLI)
 AVX2_FLAGS      := -mavx2 -mfma -mf16c
 AVX512_FLAGS    := $(AVX2_FLAGS) -mavx512f -mavx512dq -mavx512bw -mavx512vl
 AVX512BF16_FLAGS := $(AVX512_FLAGS) -mavx512bf16
+AMX_FLAGS       := $(AVX512BF16_FLAGS) -mamx-tile -mamx-bf16
 $(BUILD)/src/kernels/%_avx2.o: CFLAGS_ += $(AVX2_FLAGS)
 $(BUILD)/src/kernels/%_avx512.o: CFLAGS_ += $(AVX512_FLAGS)
 $(BUILD)/src/kernels/%_avx512bf16.o: CFLAGS_ += $(AVX512BF16_FLAGS)
+$(BUILD)/src/kernels/%_amx.o: CFLAGS_ += $(AMX_FLAGS)
 $(BUILD)/src/%.o: CFLAGS_ += -fvisibility=hidden -DMHA_BUILDING_LIBRARY
 $(BUILD)/tests/%.o: CFLAGS_ += -Icli -Isrc
 
@@ -192,6 +194,7 @@ endif
 $(TEST_BUILD)/src/kernels/%_avx2.o: CFLAGS_ += $(AVX2_FLAGS)
 $(TEST_BUILD)/src/kernels/%_avx512.o: CFLAGS_ += $(AVX512_FLAGS)
 $(TEST_BUILD)/src/kernels/%_avx512bf16.o: CFLAGS_ += $(AVX512BF16_FLAGS)
+$(TEST_BUILD)/src/kernels/%_amx.o: CFLAGS_ += $(AMX_FLAGS)
 
 # clang 14 spends over ten minutes compiling the AVX-512 decode loops
 # (attention_decode_avx512.c: 48 unrolled tile variants) under ASan or UBSan

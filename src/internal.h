@@ -160,6 +160,11 @@ bool mha_cpu_has_avx2_fma(void);
  * when it also has AVX512_BF16 (vdpbf16ps). */
 bool mha_cpu_has_avx512(void);
 bool mha_cpu_has_avx512_bf16(void);
+/* True when the CPU has AMX-TILE and AMX-BF16 besides AVX512_BF16, the OS
+ * saves the tile state, and it granted this process the tile data (Linux
+ * arch_prctl, asked once): the avx512 kernel then multiplies bf16 tensors
+ * on AMX tiles.  MHA_AMX=off (read once) says no, to compare. */
+bool mha_cpu_has_amx_bf16(void);
 /* What the avx512 kernel choice runs on: the CPU, or (test builds,
  * MHA_TEST_AVX512=emulate) the emulated twins of its loops.  Dispatch checks
  * mha_avx512_runs() and takes its tables with MHA_AVX512_PICK. */

@@ -20,6 +20,10 @@
 #include <stdlib.h>
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #endif
 #include <string.h>
 #include <strings.h>
@@ -114,6 +118,30 @@ static bool probe_avx512_bf16(void) {
 #endif
 }
 
+/* AMX-BF16 and AMX-TILE (CPUID leaf 7 EDX bits 22, 24), XCR0's tile
+ * config and tile data (bits 17, 18), and on Linux the permission to use
+ * the tile data (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, kernel 5.16
+ * on: without it the first tile load is SIGILL).  The permission is the
+ * process's, granted once; a refusal only means no AMX. */
+static bool probe_amx_bf16(void) {
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
+    const char *env = getenv("MHA_AMX");
+    if (env && strcmp(env, "off") == 0)
+        return false;
+    unsigned a, b, c, d;
+    if (!mha_cpu_has_avx512_bf16() || !__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return false;
+    const unsigned need = 1u << 22 | 1u << 24;
+    const uint64_t tiles = 3ull << 17;
+    if ((d & need) != need || (os_saved_state() & tiles) != tiles)
+        return false;
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return false;
+#endif
+}
+
 bool mha_cpu_has_avx2_fma(void) {
     static _Atomic int known;
     return probe_once(&known, probe_avx2_fma);
@@ -127,6 +155,11 @@ bool mha_cpu_has_avx512(void) {
 bool mha_cpu_has_avx512_bf16(void) {
     static _Atomic int known;
     return probe_once(&known, probe_avx512_bf16);
+}
+
+bool mha_cpu_has_amx_bf16(void) {
+    static _Atomic int known;
+    return probe_once(&known, probe_amx_bf16);
 }
 
 /* The test hook MHA_TEST_AVX512=emulate (test builds with SIMDe only; see

@@ -166,6 +166,8 @@ typedef struct flash_plan {
     const mha_flash_bf16 *dot; /* the bf16 loops, or NULL                  */
     bool bf16_qk;       /* q, k bf16: Q.K^T on pairs (dot->qk)             */
     bool bf16_pv;       /* v bf16: P.V on pairs (dot->pv)                  */
+    bool tiles;         /* dot's whole-tile products (AMX) do them         */
+    int64_t row_align;  /* q tile rows padded to this: MR, or 16 for tiles  */
     int64_t d2;         /* ceil(d/2): pairs per packed q or k row          */
     int64_t kblock, vblock; /* floats of one packed K block, V block       */
     int64_t G;          /* query heads per kv head                         */
@@ -365,6 +367,11 @@ static void block_qk(const flash_plan *pl, const flash_ws *w, int64_t rows, cons
     int64_t most = 0;
     for (int64_t g = 0; g * MR < rows; g++)
         most = ncg[g] > most ? ncg[g] : most;
+    if (pl->bf16_qk && pl->tiles) { /* every row to the widest group */
+        pl->dot->tile_qk(w->s, BC, (const uint32_t *)w->qp, pl->d2, (const uint32_t *)kp, pl->d2,
+                         (most + NR - 1) / NR, rows);
+        return;
+    }
     for (int64_t p0 = 0; p0 * NR < most; p0 += SLICE)
         for (int64_t g = 0; g * MR < rows; g++) {
             const int64_t np = (ncg[g] + NR - 1) / NR - p0;
@@ -379,6 +386,16 @@ static void block_qk(const flash_plan *pl, const flash_ws *w, int64_t rows, cons
 static void block_pv(const flash_plan *pl, const flash_ws *w, int64_t rows, const float *vp,
                      const int64_t *ncg) {
     const int64_t dvp = pl->dvp;
+    if (pl->bf16_pv && pl->tiles) { /* every row to the widest group, -0.0f past its own */
+        int64_t most = 0;
+        for (int64_t g = 0; g * MR < rows; g++)
+            most = ncg[g] > most ? ncg[g] : most;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t j = ncg[r / MR]; j < most; j++)
+                w->s[r * BC + j] = -0.0f;
+        pl->dot->tile_pv(w->o, dvp, w->s, BC, (const uint32_t *)vp, most, dvp, rows);
+        return;
+    }
     for (int64_t c0 = 0; c0 < dvp; c0 += SLICE * NR) {
         const int64_t nc = dvp - c0 < SLICE * NR ? dvp - c0 : SLICE * NR;
         for (int64_t g = 0; g * MR < rows; g++) {
@@ -456,8 +473,7 @@ static void pack_q_tile(const flash_plan *pl, const flash_ws *w, int64_t b, int6
             const uint16_t *src = (const uint16_t *)p->q.data + q0 + (i0 + r) * p->q.stride[2];
             for (int64_t c = 0; c < d; c++)
                 qh[r * ld + c] = src[c * p->q.stride[3]];
-            if (d % 2)
-                qh[r * ld + d] = 0;
+            memset(qh + r * ld + d, 0, sizeof(uint16_t) * (size_t)(ld - d)); /* padding */
         }
         memset(qh + rows * ld, 0, sizeof(uint16_t) * (size_t)((rowsp - rows) * ld));
         return;
@@ -472,7 +488,7 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
                      int64_t qb, const float *pair, const bool *vflags) {
     const mha_attn_problem *p = pl->p;
     const int64_t dv = p->dv, dvp = pl->dvp, i0 = qb * BR;
-    const int64_t rows = p->L - i0 < BR ? p->L - i0 : BR, rowsp = round_up(rows, MR);
+    const int64_t rows = p->L - i0 < BR ? p->L - i0 : BR, rowsp = round_up(rows, pl->row_align);
     const float *kpack = pair, *vpack = pair + pl->nkb * pl->kblock;
     int64_t ncg[BR / MR];
 
@@ -673,6 +689,8 @@ static void plan_blocks(flash_plan *pl) {
     pl->nkb = (p->S + BC - 1) / BC;
     pl->dvp = round_up(p->dv > 0 ? p->dv : 1, NR);
     pl->d2 = (p->d + 1) / 2;
+    if (pl->bf16_qk && pl->tiles) /* whole 16-pair steps: zero padded */
+        pl->d2 = round_up(pl->d2, pl->dot->d2_align);
     pl->kblock = BC * (pl->bf16_qk ? pl->d2 : p->d);
     pl->vblock = pl->bf16_pv ? BC / 2 * pl->dvp : BC * pl->dvp;
     pl->pair_floats = pl->nkb * (pl->kblock + pl->vblock);
@@ -684,6 +702,12 @@ mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *is
     /* ONNX scale: q, k times sqrt(scale) are no bf16 values: widen them */
     pl.bf16_qk = dot && p->q.dtype == MHA_BF16 && p->k.dtype == MHA_BF16 && !p->onnx_scale;
     pl.bf16_pv = dot && p->v.dtype == MHA_BF16 && p->p_dtype == MHA_BF16;
+    /* the padded pairs of a tiny d would outgrow the float32 layout the
+     * workspace bound plans: those are widened */
+    if (dot && dot->tile_qk && round_up((p->d + 1) / 2, dot->d2_align) > p->d)
+        pl.bf16_qk = false;
+    pl.tiles = dot && dot->tile_qk && (pl.bf16_qk || pl.bf16_pv);
+    pl.row_align = pl.tiles ? 16 : MR;
     pl.G = p->Hq / p->Hkv;
     pl.nqb = (p->L + BR - 1) / BR;
     plan_blocks(&pl);
@@ -728,8 +752,12 @@ mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *is
                 int64_t qb = pl.nqb - 1 - t % pl.nqb, g = (t / pl.nqb) % pl.G;
                 int64_t pr = t / (pl.nqb * pl.G), pair = c0 + pr;
                 int64_t b = pair / p->Hkv, hk = pair % p->Hkv;
+                if (pl.tiles) /* the tile products run in this item */
+                    dot->tiles_on();
                 run_item(&pl, &w, b, hk * pl.G + g, hk, qb, pack + pr * pl.pair_floats,
                          vflags + pr * pl.nkb);
+                if (pl.tiles)
+                    dot->tiles_off();
             }
         }
     }
@@ -768,6 +796,8 @@ mha_status mha_attn_fwd_f32_avx512(const mha_attn_problem *p) {
 }
 
 const mha_flash_bf16 *mha_flash_bf16_pick(void) {
+    if (!mha_avx512_emulated() && mha_cpu_has_amx_bf16())
+        return &mha_flash_bf16_amx;
     const bool take = mha_avx512_emulated() || mha_cpu_bf16_dot_is_fast();
     return take && mha_avx512_bf16_runs() ? MHA_AVX512_PICK(mha_flash_bf16_avx512) : NULL;
 }

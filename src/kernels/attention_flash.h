@@ -8,8 +8,8 @@
  * The driver (attention_flash.c) owns tiling, packing, masks, the online
  * softmax bookkeeping, dropout, weights and threads; an ISA supplies only the
  * inner loops below.  Scalar C, AVX2+FMA and AVX-512 versions exist, and
- * on AVX512_BF16 two bf16 dot-product loops (mha_flash_bf16); all are
- * checked against mha_attn_fwd_f32_ref.
+ * on AVX512_BF16 two bf16 dot-product loops and on AMX two bf16 tile
+ * products (mha_flash_bf16); all are checked against mha_attn_fwd_f32_ref.
  */
 #ifndef MHA_ATTENTION_FLASH_H
 #define MHA_ATTENTION_FLASH_H
@@ -76,6 +76,23 @@ typedef struct mha_flash_bf16 {
      * converted to pairs inside, p[n] taken as 0 when n is odd. */
     void (*pv)(float *o, int64_t ldo, const float *p, int64_t ldp, const uint32_t *vp,
                int64_t n, int64_t dvp);
+    /* Or whole-tile products (AMX; qk and pv are then NULL): all rows of
+     * the q tile at once, 16 at a time, so rows past `rows` up to a
+     * multiple of 16 are read from the q tile (the driver pads it with zero
+     * rows) and written to s and o (scratch rows); d2 is padded to a
+     * multiple of d2_align.  tile_qk: s (rows, npanels*NR) rows ld lds =
+     * q (rows, d2) pairs rows ld ldq . kp^T.  tile_pv: o (rows, dvp) rows
+     * ld ldo += p (rows, n) rows ld ldp . vp (dvp/NR, BC/2, NR) pairs, p as
+     * for pv, every row to the same n (the driver writes -0.0f past a row's
+     * visible columns).  Both only between tiles_on() and tiles_off() on
+     * the calling thread (the tile configuration and its release). */
+    void (*tile_qk)(float *s, int64_t lds, const uint32_t *q, int64_t ldq, const uint32_t *kp,
+                    int64_t d2, int64_t npanels, int64_t rows);
+    void (*tile_pv)(float *o, int64_t ldo, const float *p, int64_t ldp, const uint32_t *vp,
+                    int64_t n, int64_t dvp, int64_t rows);
+    void (*tiles_on)(void);
+    void (*tiles_off)(void);
+    int64_t d2_align; /* pairs per packed q/k row rounded to this (0: 1) */
 } mha_flash_bf16;
 
 /* Runs p with the given inner loops (threads, workspace, all options);
@@ -93,9 +110,13 @@ MHA_AVX512_DECLARE(mha_flash_isa, mha_flash_isa_avx512);
 /* The AVX512_BF16 loops (attention_flash_avx512bf16.c; only after
  * mha_avx512_bf16_runs()): mha_flash_bf16_pick() returns them then. */
 MHA_AVX512_DECLARE(mha_flash_bf16, mha_flash_bf16_avx512);
-/* The bf16 loops the avx512 kernel choice runs: emulated, or natively where
- * mha_cpu_bf16_dot_is_fast(); NULL otherwise (bf16 tensors are then widened
- * to float32 at packing). */
+/* The AMX tile products (attention_flash_amx.c; only after
+ * mha_cpu_has_amx_bf16(), never emulated). */
+extern const mha_flash_bf16 mha_flash_bf16_amx;
+/* The bf16 loops the avx512 kernel choice runs: AMX where
+ * mha_cpu_has_amx_bf16(); else the vdpbf16ps loops, emulated, or natively
+ * where mha_cpu_bf16_dot_is_fast(); NULL otherwise (bf16 tensors are then
+ * widened to float32 at packing). */
 const mha_flash_bf16 *mha_flash_bf16_pick(void);
 
 /* An FMA-bound loop (12 independent 8-lane chains, iters steps); *flops

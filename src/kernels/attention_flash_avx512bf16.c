@@ -127,5 +127,5 @@ static void pv_bf16_avx512(float *o, int64_t ldo, const float *p, int64_t ldp,
         dot_block(o + cp * NR, ldo, true, &pp[0][0], BC / 2, vp + cp * vstep, vstep, n2, 1);
 }
 
-const mha_flash_bf16 MHA_AVX512_SYMBOL(mha_flash_bf16_avx512) = {"avx512bf16", qk_bf16_avx512,
-                                                                  pv_bf16_avx512};
+const mha_flash_bf16 MHA_AVX512_SYMBOL(mha_flash_bf16_avx512) = {
+    .name = "avx512bf16", .qk = qk_bf16_avx512, .pv = pv_bf16_avx512};

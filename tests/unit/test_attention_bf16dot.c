@@ -138,6 +138,118 @@ TEST(attention_bf16dot_loops_match_float64) {
            dot->name, worst, worst_pv);
 }
 
+/* bf16 pairs of 2n float32 values: x[2i] low, x[2i+1] high. */
+static void to_pairs(uint32_t *dst, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = bf16_of(x[2 * i]) | (uint32_t)bf16_of(x[2 * i + 1]) << 16;
+}
+
+static double pair_half(uint32_t a, int64_t c) {
+    return (double)mha_bf16_to_float((uint16_t)(a >> (16 * (c % 2))));
+}
+
+/* The AMX tile products (attention_flash_amx.c) alone, against float64 sums
+ * of the same bf16 values as the register-block loops above, with whole
+ * 16-row tiles: rows past `rows` are scratch, columns past npanels*NR (qk)
+ * and past dvp (pv) and p past n are never touched or read. */
+TEST(attention_amx_tiles_match_float64) {
+    if (!mha_cpu_has_amx_bf16())
+        SKIP("AMX bf16 tile products: this CPU (or OS) has no AMX-BF16 tiles");
+    const mha_flash_bf16 *amx = &mha_flash_bf16_amx;
+    enum { BR = MHA_FLASH_BR };
+    const int64_t rowss[] = {1, 15, 16, 17, 50, 96};
+    double worst = 0.0, worst_pv = 0.0;
+    /* qk: q (rows16, d2) pairs, kp (npanels, d2, NR) pairs, d2 % 16 == 0 */
+    for (size_t ri = 0; ri < sizeof rowss / sizeof *rowss; ri++)
+        for (int64_t d2 = 16; d2 <= 64; d2 += 16)
+            for (int64_t np = 1; np <= 8; np += np < 3 ? 1 : 5) {
+                const int64_t rows = rowss[ri], lds = BC;
+                uint32_t *q = aligned_alloc(64, (size_t)(BR * d2) * 4);
+                uint32_t *kp = aligned_alloc(64, (size_t)(np * d2 * NR) * 4);
+                float *s = malloc(sizeof(float) * BR * BC), *rq = malloc(sizeof(float) * BR * d2 * 2);
+                float *rk = malloc(sizeof(float) * (size_t)(np * d2 * NR * 2));
+                test_randn(rq, (size_t)(BR * d2 * 2), 60 + (uint64_t)(ri + d2));
+                test_randn(rk, (size_t)(np * d2 * NR * 2), 70 + (uint64_t)np);
+                to_pairs(q, rq, BR * d2);
+                to_pairs(kp, rk, np * d2 * NR);
+                for (int i = 0; i < BR * BC; i++)
+                    s[i] = NAN;
+                amx->tiles_on();
+                amx->tile_qk(s, lds, q, d2, kp, d2, np, rows);
+                amx->tiles_off();
+                const int64_t rows16 = (rows + 15) / 16 * 16;
+                for (int64_t r = 0; r < BR; r++)
+                    for (int64_t j = 0; j < BC; j++) {
+                        if (j >= np * NR || r >= rows16) {
+                            CHECK(isnan(s[r * lds + j]));
+                            continue;
+                        }
+                        if (r >= rows)
+                            continue; /* scratch row */
+                        double want = 0.0, mag = 0.0;
+                        for (int64_t c = 0; c < 2 * d2; c++) {
+                            const double x = pair_half(q[r * d2 + c / 2], c) *
+                                             pair_half(kp[(j / NR) * d2 * NR + (c / 2) * NR + j % NR], c);
+                            want += x, mag += fabs(x);
+                        }
+                        const double e = fabs((double)s[r * lds + j] - want) / (mag > 1 ? mag : 1);
+                        worst = e > worst ? e : worst;
+                        if (!(e <= 2e-6) && test_failures() < 3)
+                            test_fail(__FILE__, __LINE__, "amx qk rows %lld d2 %lld np %lld (%lld,%lld): %.9g vs %.9g",
+                                      (long long)rows, (long long)d2, (long long)np, (long long)r,
+                                      (long long)j, s[r * lds + j], want);
+                    }
+                free(q), free(kp), free(s), free(rq), free(rk);
+            }
+    /* pv: o (rows16, dvp) += p (rows, n) . vp (dvp/NR, BC/2, NR) pairs */
+    const int64_t ns[] = {1, 31, 32, 33, 100, 128};
+    for (size_t ri = 0; ri < sizeof rowss / sizeof *rowss; ri++)
+        for (size_t t = 0; t < sizeof ns / sizeof *ns; t++)
+            for (int64_t dvp = NR; dvp <= 8 * NR; dvp += dvp < 3 * NR ? NR : 5 * NR) {
+                const int64_t rows = rowss[ri], n = ns[t], ldp = BC, ldo = dvp + 16;
+                float *p = malloc(sizeof(float) * BR * BC), *o = malloc(sizeof(float) * BR * ldo);
+                float *o0 = malloc(sizeof(float) * BR * ldo);
+                float *rv = malloc(sizeof(float) * (size_t)(dvp * BC));
+                uint32_t *vp = aligned_alloc(64, (size_t)(dvp * BC / 2) * 4);
+                test_randn(p, BR * BC, 80 + (uint64_t)t);
+                test_randn(o0, (size_t)(BR * ldo), 90 + (uint64_t)ri);
+                test_randn(rv, (size_t)(dvp * BC), 100 + (uint64_t)dvp);
+                for (int64_t i = 0; i < BR * BC; i++) {
+                    const int64_t r = i / BC, j = i % BC; /* bf16 in [0, 1], -0.0 marks; NaN unread */
+                    p[i] = j >= n || r >= rows ? NAN
+                           : i % 7 == 3        ? -0.0f
+                                               : mha_bf16_to_float(bf16_of(fabsf(p[i]) / 4));
+                }
+                to_pairs(vp, rv, dvp * BC / 2);
+                memcpy(o, o0, sizeof(float) * BR * (size_t)ldo);
+                amx->tiles_on();
+                amx->tile_pv(o, ldo, p, ldp, vp, n, dvp, rows);
+                amx->tiles_off();
+                for (int64_t r = 0; r < BR; r++)
+                    for (int64_t c = 0; c < ldo; c++) {
+                        if (c >= dvp || r >= (rows + 15) / 16 * 16) {
+                            CHECK(memcmp(&o[r * ldo + c], &o0[r * ldo + c], 4) == 0);
+                            continue;
+                        }
+                        double want = o0[r * ldo + c], mag = fabs(want);
+                        for (int64_t j = 0; j < n && r < rows; j++) {
+                            const double x = (double)p[r * ldp + j] *
+                                             pair_half(vp[(c / NR) * (BC / 2) * NR + (j / 2) * NR + c % NR], j);
+                            want += x, mag += fabs(x);
+                        }
+                        const double e = fabs((double)o[r * ldo + c] - want) / (mag > 1 ? mag : 1);
+                        worst_pv = e > worst_pv ? e : worst_pv;
+                        if (!(e <= 2e-6) && test_failures() < 3)
+                            test_fail(__FILE__, __LINE__, "amx pv rows %lld n %lld dvp %lld (%lld,%lld): %.9g vs %.9g",
+                                      (long long)rows, (long long)n, (long long)dvp, (long long)r,
+                                      (long long)c, o[r * ldo + c], want);
+                    }
+                free(p), free(o), free(o0), free(rv), free(vp);
+            }
+    printf("  amx tiles vs float64: qk %.2e, pv %.2e of the sum of |terms| (bound 2e-6)\n", worst,
+           worst_pv);
+}
+
 /* ---- mha_sdpa_forward on bf16 tensors ------------------------------------- */
 
 typedef struct bcase {
@@ -319,8 +431,9 @@ TEST(attention_bf16dot_matches_reference) {
         bdata_free(&x);
     }
     for (int mix = 0; mix < 3; mix++) {
-        printf("  %s: avx512 (bf16 loops) vs reference %.2e (bound 2e-3)", mix_names[mix],
-               worst[mix]);
+        const mha_flash_bf16 *pick = mha_flash_bf16_pick();
+        printf("  %s: avx512 (bf16 products: %s) vs reference %.2e (bound 2e-3)", mix_names[mix],
+               pick ? pick->name : "none, widened", worst[mix]);
         if (avx2)
             printf(", vs avx2 widening %.2e (bound %.0e)", worst2[mix], mix ? 2e-5 : 2e-3);
         printf("\n");

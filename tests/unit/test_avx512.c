@@ -67,10 +67,14 @@ TEST(avx512_bf16_native) {
     if (!mha_cpu_has_avx512_bf16())
         SKIP("native avx512 bf16 dot products: this CPU lacks AVX512_BF16%s",
              mha_avx512_emulated() ? " (the bf16 loops ran emulated)" : "");
-    /* natively (emulation off) the avx512 choice takes the vdpbf16ps loops
-     * on AMD, and widens bf16 to float32 on Intel (mha_cpu_bf16_dot_is_fast) */
+    /* natively (emulation off) the avx512 choice takes the AMX tiles where
+     * the CPU has them, else the vdpbf16ps loops on AMD, and widens bf16 to
+     * float32 on the other Intel CPUs (mha_cpu_bf16_dot_is_fast) */
     test_avx512_emulation_off();
-    CHECK(mha_flash_bf16_pick() == (mha_cpu_bf16_dot_is_fast() ? &mha_flash_bf16_avx512 : NULL));
+    const mha_flash_bf16 *want = mha_cpu_has_amx_bf16()       ? &mha_flash_bf16_amx
+                                 : mha_cpu_bf16_dot_is_fast() ? &mha_flash_bf16_avx512
+                                                              : NULL;
+    CHECK(mha_flash_bf16_pick() == want);
     test_avx512_emulation_restore();
 }
 

@@ -156,7 +156,7 @@ static void round_row_scalar(float *s, int64_t n, mha_dtype dt) {
 
 static const mha_flash_isa isa_scalar = {"scalar",          qk_scalar,      pv_scalar,
                                          row_scores_scalar, row_exp_scalar, round_row_scalar,
-                                         NULL};
+                                         NULL,              NULL,           NULL};
 
 /* ---- packing ----------------------------------------------------------------- */
 
@@ -235,15 +235,34 @@ static bool pack_kv_block(const flash_plan *pl, int64_t b, int64_t hk, int64_t k
     memset(kp, 0, sizeof(float) * (size_t)pl->kblock);
     memset(vp, 0, sizeof(float) * (size_t)pl->vblock);
     bool nonfinite = false;
+    /* bf16 V rows, contiguous: two keys at a time by the ISA's pair loop */
+    const bool v_pairs = pl->bf16_pv && p->v.stride[3] == 1 && pl->isa->pair_rows;
+    for (int64_t j = 0; v_pairs && j < n; j += 2) {
+        const uint16_t *a = (const uint16_t *)p->v.data + v0 + (j0 + j) * p->v.stride[2];
+        const uint16_t *b2 = j + 1 < n ? a + p->v.stride[2] : NULL;
+        nonfinite |= pl->isa->pair_rows((uint32_t *)vp + (j / 2) * NR, (BC / 2) * NR, a, b2, dv);
+    }
     for (int64_t j = 0; j < n; j++) {
         const int64_t kr = k0 + (j0 + j) * p->k.stride[2], vr = v0 + (j0 + j) * p->v.stride[2];
-        if (pl->bf16_qk) {
+        if (pl->bf16_qk && p->k.stride[3] == 1) { /* whole pairs: 32-bit copies */
+            const uint16_t *src = (const uint16_t *)p->k.data + kr;
+            uint32_t *dst = (uint32_t *)kp + (j / NR) * pl->d2 * NR + j % NR;
+            for (int64_t c2 = 0; c2 < d / 2; c2++) {
+                uint32_t x;
+                memcpy(&x, src + 2 * c2, sizeof x);
+                dst[c2 * NR] = x;
+            }
+            if (d % 2)
+                dst[(d / 2) * NR] = src[d - 1];
+        } else if (pl->bf16_qk) {
             const uint16_t *src = (const uint16_t *)p->k.data + kr;
             for (int64_t c = 0; c < d; c++)
                 ((uint16_t *)kp)[kpair_at(pl->d2, j, c)] = src[c * p->k.stride[3]];
         } else {
             load_row(pl, kp + (j / NR) * d * NR + j % NR, NR, &p->k, kr, d, ks);
         }
+        if (v_pairs)
+            continue;
         if (pl->bf16_pv) {
             const uint16_t *src = (const uint16_t *)p->v.data + vr;
             for (int64_t c = 0; c < dv; c++) {
@@ -541,6 +560,10 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
                     w->l[r] *= alpha;
                 }
                 w->m[r] = mnew;
+            }
+            if (p->p_dtype != MHA_F32 && !p->dropout && pl->isa->row_exp_round) {
+                w->l[r] += pl->isa->row_exp_round(sr, ng, mnew, p->p_dtype); /* P in v's dtype */
+                continue;
             }
             w->l[r] += pl->isa->row_exp(sr, ng, mnew);
             if (p->dropout)

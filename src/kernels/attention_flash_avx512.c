@@ -60,8 +60,11 @@ static float row_scores_avx512(float *s, int64_t n, int64_t lim, float scale, co
     return nan ? NAN : _mm512_reduce_max_ps(mx);
 }
 
-/* p = exp(s - m), -0.0f where s is -inf; returns the sum (16 partial sums). */
-static float row_exp_avx512(float *s, int64_t n, float m) {
+/* p = exp(s - m), -0.0f where s is -inf, stored rounded to dt (MHA_F32:
+ * not rounded); returns the sum before rounding (16 partial sums).
+ * Inlined with a constant dt. */
+static inline __attribute__((always_inline)) float exp_row(float *s, int64_t n, float m,
+                                                           const mha_dtype dt) {
     const __m512 ninf = _mm512_set1_ps(-INFINITY), vm = _mm512_set1_ps(m);
     const __m512 sign = _mm512_set1_ps(-0.0f);
     __m512 sum = _mm512_setzero_ps();
@@ -71,9 +74,15 @@ static float row_exp_avx512(float *s, int64_t n, float m) {
         __m512 e = exp_softmax512(_mm512_sub_ps(x, vm));
         e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, ninf, _CMP_EQ_OQ), sign); /* masked */
         sum = _mm512_add_ps(sum, e);
-        _mm512_mask_storeu_ps(s + j, k, e);
+        _mm512_mask_storeu_ps(s + j, k, dt == MHA_F32 ? e : round_half512(e, dt));
     }
     return _mm512_reduce_add_ps(sum);
+}
+
+static float row_exp_avx512(float *s, int64_t n, float m) { return exp_row(s, n, m, MHA_F32); }
+
+static float row_exp_round_avx512(float *s, int64_t n, float m, mha_dtype dt) {
+    return dt == MHA_BF16 ? exp_row(s, n, m, MHA_BF16) : exp_row(s, n, m, MHA_F16);
 }
 
 /* Half rows widened 16 at a time: vcvtph2ps for fp16, a 16-bit shift for
@@ -85,9 +94,29 @@ static void widen_row_avx512(float *dst, const uint16_t *src, mha_dtype dt, int6
     }
 }
 
+/* Pairs of two bf16 rows, 16 channels (one 64-byte panel row) at a time:
+ * zero-extend each to 32 bits, the second shifted into the high half. */
+static bool pair_rows_avx512(uint32_t *dst, int64_t pstep, const uint16_t *a, const uint16_t *b,
+                             int64_t n) {
+    const __m512i lo_exp = _mm512_set1_epi32(0x7f80), hi_exp = _mm512_set1_epi32(0x7f800000);
+    __mmask16 special = 0;
+    for (int64_t c = 0; c < n; c += 16) {
+        const __mmask16 k = mask16(n - c);
+        const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, a + c));
+        const __m512i hi = b ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, b + c))
+                             : _mm512_setzero_si512();
+        const __m512i x = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+        special |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(lo, lo_exp), lo_exp) |
+                   _mm512_cmpeq_epi32_mask(_mm512_and_si512(x, hi_exp), hi_exp);
+        _mm512_storeu_si512(dst + (c / 16) * pstep, x);
+    }
+    return special != 0;
+}
+
 const mha_flash_isa MHA_AVX512_SYMBOL(mha_flash_isa_avx512) = {
     "avx512",         qk_avx512,      pv_avx512,       row_scores_avx512,
-    row_exp_avx512,   round_half_row512, widen_row_avx512};
+    row_exp_avx512,   round_half_row512, widen_row_avx512, row_exp_round_avx512,
+    pair_rows_avx512};
 
 /* An FMA-bound loop (16 independent 16-lane chains): the peak on CPUs whose
  * AVX-512 doubles the FMA width (Intel server cores); on Zen 4, whose

@@ -291,19 +291,22 @@ typedef struct flash_ws {
     float *bias; /* (BR, BC), when has_bias    */
     float *o;    /* (BR, dvp)                 */
     float *m, *l;/* (BR)                      */
+    uint16_t *pb;/* (BR, BC) bf16 P for the tile products, when tiles */
 } flash_ws;
 
 static size_t ws_layout(const flash_plan *pl, float *base, flash_ws *w) {
     const size_t al = 16; /* floats: keep every array on a 64-byte line */
-    size_t sizes[6] = {(size_t)(BR * pl->p->d), (size_t)(BR * BC),
-                       pl->has_bias ? (size_t)(BR * BC) : 0, (size_t)(BR * pl->dvp), BR, BR};
-    float **dst[6] = {&w->qp, &w->s, &w->bias, &w->o, &w->m, &w->l};
+    size_t sizes[7] = {(size_t)(BR * pl->p->d), (size_t)(BR * BC),
+                       pl->has_bias ? (size_t)(BR * BC) : 0, (size_t)(BR * pl->dvp), BR, BR,
+                       pl->tiles ? (size_t)(BR * BC / 2) : 0};
+    float *at[7];
     size_t off = 0;
-    for (int i = 0; i < 6; i++) {
-        if (base)
-            *dst[i] = base + off;
+    for (int i = 0; i < 7; i++) {
+        at[i] = base ? base + off : NULL;
         off += (sizes[i] + al - 1) / al * al;
     }
+    w->qp = at[0], w->s = at[1], w->bias = at[2], w->o = at[3], w->m = at[4], w->l = at[5];
+    w->pb = (uint16_t *)at[6];
     return off;
 }
 
@@ -401,18 +404,25 @@ static void block_qk(const flash_plan *pl, const flash_ws *w, int64_t rows, cons
 
 /* o (rows, dvp) += p (rows, ncg[g] per group) . the packed V block vp, on
  * bf16 pairs (bf16_pv) or in float32; panel-major (see SLICE).  Only for a
- * block whose V is finite (the caller skips masked columns otherwise). */
+ * block whose V is finite (the caller skips masked columns otherwise).  On
+ * the tile products P is w->pb's bf16 rows: written by the softmax
+ * (in_pb), else converted here from s (exact: already rounded to bf16). */
 static void block_pv(const flash_plan *pl, const flash_ws *w, int64_t rows, const float *vp,
-                     const int64_t *ncg) {
+                     const int64_t *ncg, bool in_pb) {
     const int64_t dvp = pl->dvp;
-    if (pl->bf16_pv && pl->tiles) { /* every row to the widest group, -0.0f past its own */
+    if (pl->bf16_pv && pl->tiles) { /* every row to the widest group, zero past its own */
         int64_t most = 0;
         for (int64_t g = 0; g * MR < rows; g++)
             most = ncg[g] > most ? ncg[g] : most;
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t j = ncg[r / MR]; j < most; j++)
-                w->s[r * BC + j] = -0.0f;
-        pl->dot->tile_pv(w->o, dvp, w->s, BC, (const uint32_t *)vp, most, dvp, rows);
+        const int64_t n32 = round_up(most, 32), rows16 = round_up(rows, 16);
+        for (int64_t r = 0; r < rows16; r++) {
+            uint16_t *pr = w->pb + r * BC;
+            const int64_t ng = r < rows ? ncg[r / MR] : 0;
+            for (int64_t j = 0; !in_pb && j < ng; j++)
+                pr[j] = mha_float_to_bf16(w->s[r * BC + j]);
+            memset(pr + ng, 0, sizeof(uint16_t) * (size_t)(n32 - ng));
+        }
+        pl->dot->tile_pv(w->o, dvp, w->pb, BC, (const uint32_t *)vp, most, dvp, rows);
         return;
     }
     for (int64_t c0 = 0; c0 < dvp; c0 += SLICE * NR) {
@@ -539,6 +549,8 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
         const int64_t j0 = kb * BC;
         if (!score_block(pl, w, b, h, i0, rows, kb, kpack + kb * pl->kblock, ncg))
             continue;
+        /* P straight into the tile products' bf16 rows: exp and rounding in one pass */
+        const bool to_pb = pl->tiles && pl->bf16_pv && !p->dropout && !vflags[kb];
         for (int64_t r = 0; r < rows; r++) {
             const int64_t ng = ncg[r / MR];
             if (ng == 0)
@@ -551,6 +563,8 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
             if (mnew == -INFINITY) { /* nothing visible yet: all masked */
                 for (int64_t j = 0; j < ng; j++)
                     sr[j] = -0.0f;
+                if (to_pb)
+                    memset(w->pb + r * BC, 0, sizeof(uint16_t) * (size_t)ng);
                 continue;
             }
             if (!(mnew == mold)) {
@@ -560,6 +574,10 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
                     w->l[r] *= alpha;
                 }
                 w->m[r] = mnew;
+            }
+            if (to_pb) {
+                w->l[r] += pl->dot->row_exp_bf16(sr, ng, mnew, w->pb + r * BC);
+                continue;
             }
             if (p->p_dtype != MHA_F32 && !p->dropout && pl->isa->row_exp_round) {
                 w->l[r] += pl->isa->row_exp_round(sr, ng, mnew, p->p_dtype); /* P in v's dtype */
@@ -577,7 +595,7 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
         }
         const float *vp = vpack + kb * pl->vblock;
         if (!vflags[kb]) {
-            block_pv(pl, w, rows, vp, ncg);
+            block_pv(pl, w, rows, vp, ncg, to_pb);
             continue;
         }
         /* non-finite V in this block: skip masked columns explicitly */
@@ -793,7 +811,8 @@ size_t mha_attn_flash_scratch_bound(int64_t B, int64_t Hkv, int64_t S, int64_t d
                                     int nthreads) {
     /* the largest layout: a bias tile, as if some mask were given */
     mha_attn_problem p = {.B = B, .Hkv = Hkv, .Hq = Hkv, .S = S, .d = d, .dv = dv};
-    flash_plan pl = {.p = &p, .has_bias = true}; /* the float32 layout: the largest */
+    /* the float32 layout, the largest, with the tile products' P rows */
+    flash_plan pl = {.p = &p, .has_bias = true, .tiles = true};
     plan_blocks(&pl);
     pl.ws_floats = ws_layout(&pl, NULL, &(flash_ws){0});
     int64_t chunk;

@@ -92,14 +92,20 @@ typedef struct mha_flash_bf16 {
      * rows) and written to s and o (scratch rows); d2 is padded to a
      * multiple of d2_align.  tile_qk: s (rows, npanels*NR) rows ld lds =
      * q (rows, d2) pairs rows ld ldq . kp^T.  tile_pv: o (rows, dvp) rows
-     * ld ldo += p (rows, n) rows ld ldp . vp (dvp/NR, BC/2, NR) pairs, p as
-     * for pv, every row to the same n (the driver writes -0.0f past a row's
-     * visible columns).  Both only between tiles_on() and tiles_off() on
+     * ld ldo += p (rows, n) rows ld ldp . vp (dvp/NR, BC/2, NR) pairs,
+     * every row to the same n.  Both only between tiles_on() and tiles_off() on
      * the calling thread (the tile configuration and its release). */
     void (*tile_qk)(float *s, int64_t lds, const uint32_t *q, int64_t ldq, const uint32_t *kp,
                     int64_t d2, int64_t npanels, int64_t rows);
-    void (*tile_pv)(float *o, int64_t ldo, const float *p, int64_t ldp, const uint32_t *vp,
+    /* p: bf16 rows (rows16, n rounded up to 32) ld ldp, where the driver
+     * has written 0 wherever nothing is to be added (past a row's visible
+     * columns, and the rows past `rows`). */
+    void (*tile_pv)(float *o, int64_t ldo, const uint16_t *p, int64_t ldp, const uint32_t *vp,
                     int64_t n, int64_t dvp, int64_t rows);
+    /* The float32 row_exp of mha_flash_isa (p = exp(s - m), -0.0 where s
+     * is -inf; returns the sum of the float32 values) writing P rounded to
+     * bf16 straight into the bf16 row p[0, n) that tile_pv takes. */
+    float (*row_exp_bf16)(const float *s, int64_t n, float m, uint16_t *p);
     void (*tiles_on)(void);
     void (*tiles_off)(void);
     int64_t d2_align; /* pairs per packed q/k row rounded to this (0: 1) */

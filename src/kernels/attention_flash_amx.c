@@ -7,9 +7,9 @@
  * (BC/NR, d2, NR) pairs and V block (dvp/NR, BC/2, NR) pairs are already
  * what TDPBF16PS takes as its B operand: 16 rows (pairs along the reduced
  * axis) of 16 columns x one pair = 64 bytes, 64 bytes apart.  The q tile
- * (rows, d2) pairs is the A operand as it stands (16 rows x 16 pairs);
- * P (float32, already rounded to bf16 by the driver) is converted to a bf16
- * row buffer first.  Everything else (softmax, masks, the output) is the
+ * (rows, d2) pairs is the A operand as it stands (16 rows x 16 pairs),
+ * and so are P's bf16 rows, which row_exp_bf16 writes (exp and rounding in
+ * one pass).  Everything else (softmax, masks, the output) is the
  * float32 path of attention_flash_avx512.c.  Compiled with
  * AVX512BF16_FLAGS and -mamx-tile -mamx-bf16; only reached after
  * mha_cpu_has_amx_bf16() (natively: AMX cannot be emulated), between
@@ -32,6 +32,7 @@
 #include "attention_flash.h"
 
 #include <stdbool.h>
+#include <math.h>
 #include <string.h>
 
 #include <immintrin.h>
@@ -157,25 +158,35 @@ static void qk_amx(float *s, int64_t lds, const uint32_t *q, int64_t ldq, const 
               d2 * NR * 4, TR * NR * 4, d2 / TR, (rows + TR - 1) / TR, npanels);
 }
 
-/* o (rows16, dvp) rows ld ldo += p (rows, n) rows ld ldp . vp (dvp/NR, BC/2,
- * NR) pairs.  p holds bf16 values as float32 (-0.0f adds nothing); they are
- * converted to a (rows16, n rounded up to 32) bf16 buffer, zero past n and
- * past rows, 32 values per vcvtne2ps2bf16 (exact: already bf16 values). */
-static void pv_amx(float *o, int64_t ldo, const float *p, int64_t ldp, const uint32_t *vp,
+/* o (rows16, dvp) rows ld ldo += p (rows16, n32) bf16 rows ld ldp . vp
+ * (dvp/NR, BC/2, NR) pairs, n32 = n rounded up to 32 (p zero past n). */
+static void pv_amx(float *o, int64_t ldo, const uint16_t *p, int64_t ldp, const uint32_t *vp,
                    int64_t n, int64_t dvp, int64_t rows) {
-    _Alignas(64) uint16_t pb[MHA_FLASH_BR][BC];
-    const int64_t n32 = (n + 31) / 32 * 32, ntiles = (rows + TR - 1) / TR;
-    for (int64_t r = 0; r < ntiles * TR; r++)
-        for (int64_t j = 0; j < n32; j += 32) {
-            const float *pr = p + r * ldp + j;
-            const int64_t left = r < rows ? n - j : 0; /* values of this row to take */
-            const __m512 lo = _mm512_maskz_loadu_ps(left > 0 ? mask16(left) : 0, pr);
-            const __m512 hi = _mm512_maskz_loadu_ps(left > 16 ? mask16(left - 16) : 0, pr + 16);
-            const __m512bh b = _mm512_cvtne2ps_pbh(hi, lo);
-            memcpy(&pb[r][j], &b, sizeof b);
-        }
-    tile_grid((char *)o, ldo * 4, true, (const char *)&pb[0][0], BC * 2, 64, (const char *)vp,
-              (BC / 2) * NR * 4, TR * NR * 4, n32 / 32, ntiles, dvp / NR);
+    tile_grid((char *)o, ldo * 4, true, (const char *)p, ldp * 2, 64, (const char *)vp,
+              (BC / 2) * NR * 4, TR * NR * 4, (n + 31) / 32, (rows + TR - 1) / TR, dvp / NR);
+}
+
+/* p = bf16(exp(s - m)), -0.0 where s is -inf, 16 at a time: the float32
+ * loop of attention_flash_avx512.c (exp_softmax512, the same bits) with
+ * vcvtneps2bf16 (round to nearest even: mha_float_to_bf16's bits for the
+ * normal values exp_softmax512 returns, -0.0 and NaN) instead of a float32
+ * store; returns the sum of the float32 values. */
+static float row_exp_bf16_amx(const float *s, int64_t n, float m, uint16_t *p) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), vm = _mm512_set1_ps(m);
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = mask16(n - j);
+        const __m512 x = _mm512_mask_loadu_ps(ninf, k, s + j);
+        __m512 e = exp_softmax512(_mm512_sub_ps(x, vm));
+        e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, ninf, _CMP_EQ_OQ), sign); /* masked */
+        sum = _mm512_add_ps(sum, e);
+        const __m256bh h = _mm512_cvtneps_pbh(e);
+        __m256i bits;
+        memcpy(&bits, &h, sizeof bits);
+        _mm256_mask_storeu_epi16(p + j, k, bits);
+    }
+    return _mm512_reduce_add_ps(sum);
 }
 
 const mha_flash_bf16 mha_flash_bf16_amx = {
@@ -183,6 +194,7 @@ const mha_flash_bf16 mha_flash_bf16_amx = {
     .d2_align = TR,
     .tile_qk = qk_amx,
     .tile_pv = pv_amx,
+    .row_exp_bf16 = row_exp_bf16_amx,
     .tiles_on = tiles_on_amx,
     .tiles_off = tiles_off_amx,
 };

@@ -217,14 +217,24 @@ TEST(attention_amx_tiles_match_float64) {
                 for (int64_t i = 0; i < BR * BC; i++) {
                     const int64_t r = i / BC, j = i % BC; /* bf16 in [0, 1], -0.0 marks; NaN unread */
                     p[i] = j >= n || r >= rows ? NAN
-                           : i % 7 == 3        ? -0.0f
+                           : i % 7 == 3        ? -0.0f /* the driver's masked mark */
                                                : mha_bf16_to_float(bf16_of(fabsf(p[i]) / 4));
                 }
                 to_pairs(vp, rv, dvp * BC / 2);
+                /* P's bf16 rows as the driver writes them: zero past n (to
+                 * the next 32) and in the rows past `rows`; NaN beyond, unread */
+                uint16_t *pb = aligned_alloc(64, sizeof(uint16_t) * BR * BC);
+                for (int64_t i = 0; i < BR * BC; i++) {
+                    const int64_t r = i / BC, j = i % BC;
+                    pb[i] = j >= (n + 31) / 32 * 32 || r >= (rows + 15) / 16 * 16 ? 0x7fc0
+                            : j >= n || r >= rows                               ? 0
+                                                                                : bf16_of(p[i]);
+                }
                 memcpy(o, o0, sizeof(float) * BR * (size_t)ldo);
                 amx->tiles_on();
-                amx->tile_pv(o, ldo, p, ldp, vp, n, dvp, rows);
+                amx->tile_pv(o, ldo, pb, ldp, vp, n, dvp, rows);
                 amx->tiles_off();
+                free(pb);
                 for (int64_t r = 0; r < BR; r++)
                     for (int64_t c = 0; c < ldo; c++) {
                         if (c >= dvp || r >= (rows + 15) / 16 * 16) {

@@ -500,8 +500,11 @@ static void pack_q_tile(const flash_plan *pl, const flash_ws *w, int64_t b, int6
         uint16_t *qh = (uint16_t *)w->qp;
         for (int64_t r = 0; r < rows; r++) {
             const uint16_t *src = (const uint16_t *)p->q.data + q0 + (i0 + r) * p->q.stride[2];
-            for (int64_t c = 0; c < d; c++)
-                qh[r * ld + c] = src[c * p->q.stride[3]];
+            if (p->q.stride[3] == 1)
+                memcpy(qh + r * ld, src, sizeof(uint16_t) * (size_t)d);
+            else
+                for (int64_t c = 0; c < d; c++)
+                    qh[r * ld + c] = src[c * p->q.stride[3]];
             memset(qh + r * ld + d, 0, sizeof(uint16_t) * (size_t)(ld - d)); /* padding */
         }
         memset(qh + rows * ld, 0, sizeof(uint16_t) * (size_t)((rowsp - rows) * ld));

@@ -559,8 +559,12 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
             if (ng == 0)
                 continue;
             float *sr = w->s + r * BC;
-            float mb = row_scores_any(pl, sr, ng, row_lim(p, b, i0 + r, j0, ng),
-                                      pl->has_bias ? w->bias + r * BC : NULL);
+            const int64_t lim = row_lim(p, b, i0 + r, j0, ng);
+            /* plain rows on the tile products: the scale joins the exp pass */
+            const bool plain = to_pb && lim == ng && !pl->has_bias && p->softcap <= 0.0f &&
+                               pl->scale > 0.0f && isfinite(pl->scale);
+            float mb = plain ? pl->dot->row_max(sr, ng) * pl->scale
+                             : row_scores_any(pl, sr, ng, lim, pl->has_bias ? w->bias + r * BC : NULL);
             float mold = w->m[r];
             float mnew = (isnan(mold) || isnan(mb)) ? NAN : (mb > mold ? mb : mold);
             if (mnew == -INFINITY) { /* nothing visible yet: all masked */
@@ -579,7 +583,8 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
                 w->m[r] = mnew;
             }
             if (to_pb) {
-                w->l[r] += pl->dot->row_exp_bf16(sr, ng, mnew, w->pb + r * BC);
+                w->l[r] += pl->dot->row_exp_bf16(sr, ng, plain ? pl->scale : 1.0f, mnew,
+                                                 w->pb + r * BC);
                 continue;
             }
             if (p->p_dtype != MHA_F32 && !p->dropout && pl->isa->row_exp_round) {

@@ -102,10 +102,14 @@ typedef struct mha_flash_bf16 {
      * columns, and the rows past `rows`). */
     void (*tile_pv)(float *o, int64_t ldo, const uint16_t *p, int64_t ldp, const uint32_t *vp,
                     int64_t n, int64_t dvp, int64_t rows);
-    /* The float32 row_exp of mha_flash_isa (p = exp(s - m), -0.0 where s
-     * is -inf; returns the sum of the float32 values) writing P rounded to
-     * bf16 straight into the bf16 row p[0, n) that tile_pv takes. */
-    float (*row_exp_bf16)(const float *s, int64_t n, float m, uint16_t *p);
+    /* The softmax of the tile products' rows, P written rounded to bf16
+     * straight into the bf16 row p[0, n) that tile_pv takes:
+     * row_exp_bf16: x = s * scale (scale 1: s is already the row_scores of
+     * mha_flash_isa), p = exp(x - m), -0.0 where x is -inf; returns the
+     * sum of the float32 values.  row_max: the max of s[0, n), NaN when
+     * any is NaN (for scale > 0, max(s) * scale is the max of s * scale). */
+    float (*row_exp_bf16)(const float *s, int64_t n, float scale, float m, uint16_t *p);
+    float (*row_max)(const float *s, int64_t n);
     void (*tiles_on)(void);
     void (*tiles_off)(void);
     int64_t d2_align; /* pairs per packed q/k row rounded to this (0: 1) */

@@ -156,7 +156,7 @@ static void round_row_scalar(float *s, int64_t n, mha_dtype dt) {
 
 static const mha_flash_isa isa_scalar = {"scalar",          qk_scalar,      pv_scalar,
                                          row_scores_scalar, row_exp_scalar, round_row_scalar,
-                                         NULL,              NULL,           NULL};
+                                         NULL, NULL, NULL, NULL, NULL};
 
 /* ---- packing ----------------------------------------------------------------- */
 
@@ -242,9 +242,31 @@ static bool pack_kv_block(const flash_plan *pl, int64_t b, int64_t hk, int64_t k
         const uint16_t *b2 = j + 1 < n ? a + p->v.stride[2] : NULL;
         nonfinite |= pl->isa->pair_rows((uint32_t *)vp + (j / 2) * NR, (BC / 2) * NR, a, b2, dv);
     }
+    /* K panels by the ISA's gathers: float32 elements, or whole bf16 pairs */
+    const size_t ke = p->k.dtype == MHA_F32 ? 4 : 2;
+    const int64_t krow = p->k.stride[2] * (int64_t)ke;
+    const bool k_gather = pl->isa->gather_panel && krow <= INT32_MAX / NR &&
+                          (pl->bf16_qk ? p->k.stride[3] == 1 : p->k.dtype == MHA_F32);
+    for (int64_t j = 0; k_gather && j < n; j += NR) {
+        const char *src = (const char *)p->k.data + (k0 + (j0 + j) * p->k.stride[2]) * (int64_t)ke;
+        const int64_t nj = n - j < NR ? n - j : NR;
+        if (pl->bf16_qk) {
+            uint32_t *dst = (uint32_t *)kp + (j / NR) * pl->d2 * NR;
+            pl->isa->gather_panel(dst, src, krow, 4, nj, d / 2, 1.0f);
+            for (int64_t jj = 0; d % 2 && jj < nj; jj++) /* odd d: the last half pair */
+                dst[(d / 2) * NR + jj] = ((const uint16_t *)src)[jj * p->k.stride[2] + d - 1];
+        } else {
+            pl->isa->gather_panel((uint32_t *)kp + (j / NR) * d * NR, src, krow,
+                                  p->k.stride[3] * 4, nj, d, ks);
+        }
+    }
+    const bool v_spread = !pl->bf16_pv && p->v.dtype == MHA_F32 && p->v.stride[3] == 1 &&
+                          pl->isa->spread_row;
     for (int64_t j = 0; j < n; j++) {
         const int64_t kr = k0 + (j0 + j) * p->k.stride[2], vr = v0 + (j0 + j) * p->v.stride[2];
-        if (pl->bf16_qk && p->k.stride[3] == 1) { /* whole pairs: 32-bit copies */
+        if (k_gather) {
+            /* packed above */
+        } else if (pl->bf16_qk && p->k.stride[3] == 1) { /* whole pairs: 32-bit copies */
             const uint16_t *src = (const uint16_t *)p->k.data + kr;
             uint32_t *dst = (uint32_t *)kp + (j / NR) * pl->d2 * NR + j % NR;
             for (int64_t c2 = 0; c2 < d / 2; c2++) {
@@ -273,6 +295,10 @@ static bool pack_kv_block(const flash_plan *pl, int64_t b, int64_t hk, int64_t k
             continue;
         }
         float *vd = vp + j * NR;
+        if (v_spread) {
+            nonfinite |= pl->isa->spread_row(vd, BC * NR, (const float *)p->v.data + vr, dv);
+            continue;
+        }
         for (int64_t c0 = 0; c0 < dv; c0 += NR) { /* one NR-column panel at a time */
             const int64_t nc = dv - c0 < NR ? dv - c0 : NR;
             float *panel = vd + (c0 / NR) * BC * NR;

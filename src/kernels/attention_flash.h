@@ -64,6 +64,16 @@ typedef struct mha_flash_isa {
      * an all-ones exponent (inf or NaN).  NULL: the driver's scalar loop. */
     bool (*pair_rows)(uint32_t *dst, int64_t pstep, const uint16_t *a, const uint16_t *b,
                       int64_t n);
+    /* One float32 row of a packed V block: dst[(c/NR)*pstep + c%NR] = src[c]
+     * for c < n, zero up to the panel's end; returns whether any is not
+     * finite.  NULL: the driver's load_row. */
+    bool (*spread_row)(float *dst, int64_t pstep, const float *src, int64_t n);
+    /* A K panel transposed: dst[c*NR + j] = the 32-bit element at src +
+     * j*row_bytes + c*col_bytes (times mul as a float when mul != 1), j < n
+     * <= NR, zero for j >= n; c < cols; dst 64-byte aligned, row_bytes <=
+     * INT32_MAX / NR.  NULL: the driver's per-element loops. */
+    void (*gather_panel)(uint32_t *dst, const char *src, int64_t row_bytes, int64_t col_bytes,
+                         int64_t n, int64_t cols, float mul);
 } mha_flash_isa;
 
 /* The bf16 dot-product loops (vdpbf16ps), on bf16 pairs: a pair is two

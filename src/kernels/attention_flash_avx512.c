@@ -113,10 +113,44 @@ static bool pair_rows_avx512(uint32_t *dst, int64_t pstep, const uint16_t *a, co
     return special != 0;
 }
 
+/* A float32 V row into its panels, 16 at a time under a mask. */
+static bool spread_row_avx512(float *dst, int64_t pstep, const float *src, int64_t n) {
+    __mmask16 bad = 0;
+    for (int64_t c = 0; c < n; c += 16) {
+        const __mmask16 k = mask16(n - c);
+        const __m512 x = _mm512_maskz_loadu_ps(k, src + c);
+        /* x - x is 0 for finite x, NaN for inf and NaN */
+        bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(x, x), _mm512_setzero_ps(), _CMP_NEQ_UQ);
+        _mm512_storeu_ps(dst + (c / 16) * pstep, x);
+    }
+    return bad != 0;
+}
+
+#ifndef MHA_AVX512_EMULATED /* SIMDe has no gathers: the emulated table has none */
+/* A K panel by 16-lane gathers, one per channel (byte offsets j*row_bytes). */
+static void gather_panel_avx512(uint32_t *dst, const char *src, int64_t row_bytes,
+                                int64_t col_bytes, int64_t n, int64_t cols, float mul) {
+    const __mmask16 k = mask16(n);
+    const __m512i idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32((int)row_bytes));
+    const __m512 vm = _mm512_set1_ps(mul);
+    for (int64_t c = 0; c < cols; c++) {
+        __m512i x = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, src + c * col_bytes, 1);
+        if (mul != 1.0f)
+            x = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(x), vm));
+        _mm512_store_si512(dst + c * 16, x);
+    }
+}
+#define GATHER_PANEL gather_panel_avx512
+#else
+#define GATHER_PANEL NULL
+#endif
+
 const mha_flash_isa MHA_AVX512_SYMBOL(mha_flash_isa_avx512) = {
     "avx512",         qk_avx512,      pv_avx512,       row_scores_avx512,
     row_exp_avx512,   round_half_row512, widen_row_avx512, row_exp_round_avx512,
-    pair_rows_avx512};
+    pair_rows_avx512, spread_row_avx512, GATHER_PANEL};
 
 /* An FMA-bound loop (16 independent 16-lane chains): the peak on CPUs whose
  * AVX-512 doubles the FMA width (Intel server cores); on Zen 4, whose

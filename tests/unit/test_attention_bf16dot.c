@@ -149,6 +149,14 @@ static double pair_half(uint32_t a, int64_t c) {
     return (double)mha_bf16_to_float((uint16_t)(a >> (16 * (c % 2))));
 }
 
+/* Whether got is within 2e-6 of the sum of |terms| mag (at least 1) from
+ * the float64 sum want; *worst takes the largest such error seen. */
+static bool near_sum(double got, double want, double mag, double *worst) {
+    const double e = fabs(got - want) / (mag > 1 ? mag : 1);
+    *worst = e > *worst ? e : *worst;
+    return e <= 2e-6;
+}
+
 /* The AMX tile products (attention_flash_amx.c) alone, against float64 sums
  * of the same bf16 values as the register-block loops above, with whole
  * 16-row tiles: rows past `rows` are scratch, columns past npanels*NR (qk)
@@ -193,9 +201,7 @@ TEST(attention_amx_tiles_match_float64) {
                                              pair_half(kp[(j / NR) * d2 * NR + (c / 2) * NR + j % NR], c);
                             want += x, mag += fabs(x);
                         }
-                        const double e = fabs((double)s[r * lds + j] - want) / (mag > 1 ? mag : 1);
-                        worst = e > worst ? e : worst;
-                        if (!(e <= 2e-6) && test_failures() < 3)
+                        if (!near_sum(s[r * lds + j], want, mag, &worst) && test_failures() < 3)
                             test_fail(__FILE__, __LINE__, "amx qk rows %lld d2 %lld np %lld (%lld,%lld): %.9g vs %.9g",
                                       (long long)rows, (long long)d2, (long long)np, (long long)r,
                                       (long long)j, s[r * lds + j], want);
@@ -248,9 +254,7 @@ TEST(attention_amx_tiles_match_float64) {
                                              pair_half(vp[(c / NR) * (BC / 2) * NR + (j / 2) * NR + c % NR], j);
                             want += x, mag += fabs(x);
                         }
-                        const double e = fabs((double)o[r * ldo + c] - want) / (mag > 1 ? mag : 1);
-                        worst_pv = e > worst_pv ? e : worst_pv;
-                        if (!(e <= 2e-6) && test_failures() < 3)
+                        if (!near_sum(o[r * ldo + c], want, mag, &worst_pv) && test_failures() < 3)
                             test_fail(__FILE__, __LINE__, "amx pv rows %lld n %lld dvp %lld (%lld,%lld): %.9g vs %.9g",
                                       (long long)rows, (long long)n, (long long)dvp, (long long)r,
                                       (long long)c, o[r * ldo + c], want);

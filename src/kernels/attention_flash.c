@@ -589,8 +589,9 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
             /* plain rows on the tile products: the scale joins the exp pass */
             const bool plain = to_pb && lim == ng && !pl->has_bias && p->softcap <= 0.0f &&
                                pl->scale > 0.0f && isfinite(pl->scale);
+            const float *bias = pl->has_bias ? w->bias + r * BC : NULL;
             float mb = plain ? pl->dot->row_max(sr, ng) * pl->scale
-                             : row_scores_any(pl, sr, ng, lim, pl->has_bias ? w->bias + r * BC : NULL);
+                             : row_scores_any(pl, sr, ng, lim, bias);
             float mold = w->m[r];
             float mnew = (isnan(mold) || isnan(mb)) ? NAN : (mb > mold ? mb : mold);
             if (mnew == -INFINITY) { /* nothing visible yet: all masked */

@@ -136,7 +136,8 @@ static void gather_panel_avx512(uint32_t *dst, const char *src, int64_t row_byte
         _mm512_set1_epi32((int)row_bytes));
     const __m512 vm = _mm512_set1_ps(mul);
     for (int64_t c = 0; c < cols; c++) {
-        __m512i x = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, src + c * col_bytes, 1);
+        __m512i x =
+            _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, src + c * col_bytes, 1);
         if (mul != 1.0f)
             x = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(x), vm));
         _mm512_store_si512(dst + c * 16, x);

@@ -175,7 +175,8 @@ TEST(attention_amx_tiles_match_float64) {
                 const int64_t rows = rowss[ri], lds = BC;
                 uint32_t *q = aligned_alloc(64, (size_t)(BR * d2) * 4);
                 uint32_t *kp = aligned_alloc(64, (size_t)(np * d2 * NR) * 4);
-                float *s = malloc(sizeof(float) * BR * BC), *rq = malloc(sizeof(float) * BR * d2 * 2);
+                float *s = malloc(sizeof(float) * BR * BC);
+                float *rq = malloc(sizeof(float) * BR * d2 * 2);
                 float *rk = malloc(sizeof(float) * (size_t)(np * d2 * NR * 2));
                 test_randn(rq, (size_t)(BR * d2 * 2), 60 + (uint64_t)(ri + d2));
                 test_randn(rk, (size_t)(np * d2 * NR * 2), 70 + (uint64_t)np);
@@ -197,12 +198,13 @@ TEST(attention_amx_tiles_match_float64) {
                             continue; /* scratch row */
                         double want = 0.0, mag = 0.0;
                         for (int64_t c = 0; c < 2 * d2; c++) {
-                            const double x = pair_half(q[r * d2 + c / 2], c) *
-                                             pair_half(kp[(j / NR) * d2 * NR + (c / 2) * NR + j % NR], c);
+                            const uint32_t ka = kp[(j / NR) * d2 * NR + (c / 2) * NR + j % NR];
+                            const double x = pair_half(q[r * d2 + c / 2], c) * pair_half(ka, c);
                             want += x, mag += fabs(x);
                         }
                         if (!near_sum(s[r * lds + j], want, mag, &worst) && test_failures() < 3)
-                            test_fail(__FILE__, __LINE__, "amx qk rows %lld d2 %lld np %lld (%lld,%lld): %.9g vs %.9g",
+                            test_fail(__FILE__, __LINE__,
+                                      "amx qk rows %lld d2 %lld np %lld (%lld,%lld): %.9g vs %.9g",
                                       (long long)rows, (long long)d2, (long long)np, (long long)r,
                                       (long long)j, s[r * lds + j], want);
                     }
@@ -222,7 +224,8 @@ TEST(attention_amx_tiles_match_float64) {
                 test_randn(o0, (size_t)(BR * ldo), 90 + (uint64_t)ri);
                 test_randn(rv, (size_t)(dvp * BC), 100 + (uint64_t)dvp);
                 for (int64_t i = 0; i < BR * BC; i++) {
-                    const int64_t r = i / BC, j = i % BC; /* bf16 in [0, 1], -0.0 marks; NaN unread */
+                    /* bf16 in [0, 1], -0.0 marks; NaN unread */
+                    const int64_t r = i / BC, j = i % BC;
                     p[i] = j >= n || r >= rows ? NAN
                            : i % 7 == 3        ? -0.0f /* the driver's masked mark */
                                                : mha_bf16_to_float(bf16_of(fabsf(p[i]) / 4));
@@ -250,12 +253,14 @@ TEST(attention_amx_tiles_match_float64) {
                         }
                         double want = o0[r * ldo + c], mag = fabs(want);
                         for (int64_t j = 0; j < n && r < rows; j++) {
-                            const double x = (double)p[r * ldp + j] *
-                                             pair_half(vp[(c / NR) * (BC / 2) * NR + (j / 2) * NR + c % NR], j);
+                            const int64_t at = (c / NR) * (BC / 2) * NR + (j / 2) * NR + c % NR;
+                            const uint32_t va = vp[at];
+                            const double x = (double)p[r * ldp + j] * pair_half(va, j);
                             want += x, mag += fabs(x);
                         }
                         if (!near_sum(o[r * ldo + c], want, mag, &worst_pv) && test_failures() < 3)
-                            test_fail(__FILE__, __LINE__, "amx pv rows %lld n %lld dvp %lld (%lld,%lld): %.9g vs %.9g",
+                            test_fail(__FILE__, __LINE__,
+                                      "amx pv rows %lld n %lld dvp %lld (%lld,%lld): %.9g vs %.9g",
                                       (long long)rows, (long long)n, (long long)dvp, (long long)r,
                                       (long long)c, o[r * ldo + c], want);
                     }

@@ -193,6 +193,12 @@ mha_status mha_avx512_check(void);
 #define MHA_AVX512_SYMBOL(sym) sym
 #endif
 
+/* Work items the fused kernels put in one chunk of (b, kv head) pairs at
+ * least: twice the threads, 16 at least, so every thread has work and the
+ * dynamic schedule some slack.  Only the schedule depends on it, never a
+ * result (runtime.c). */
+int64_t mha_chunk_items_wanted(int nthreads);
+
 /* ---- dropout ------------------------------------------------------------- */
 
 /* Uniform [0,1) from a counter-based hash of (seed, b, h, i, j).

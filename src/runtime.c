@@ -200,6 +200,10 @@ bool mha_cpu_bf16_dot_is_fast(void) {
     return probe_once(&known, probe_bf16_dot_fast);
 }
 
+int64_t mha_chunk_items_wanted(int nthreads) {
+    return 2 * (int64_t)nthreads > 16 ? 2 * (int64_t)nthreads : 16;
+}
+
 mha_status mha_avx512_check(void) {
     MHA_CHECK(mha_avx512_runs(), MHA_ERR_UNSUPPORTED,
               "kernel: avx512 requested but this CPU lacks AVX-512 (F/BW/VL/DQ)");

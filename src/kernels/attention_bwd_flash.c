@@ -131,6 +131,13 @@ mha_status mha_attn_row_stats(const mha_attn_problem *p, const mha_attn_grad *g,
 
 enum { MR = MHA_BWD_MR, NR = MHA_BWD_NR, BR = MHA_BWD_BR, BC = MHA_BWD_BC, TASKS_WANTED = 16 };
 
+/* The packed query tiles (Q and dO) of a chunk of (b, kv head) pairs are
+ * capped near this size (one pair at least), as the forward's packed K/V
+ * (attention_flash.c): a small workspace, read back from cache soon after
+ * it is written (at least mha_chunk_items_wanted tasks a chunk).  No
+ * result depends on the chunk. */
+#define TILE_BUDGET_BYTES ((size_t)1 << 20)
+
 /* c (MR, np*NR) (+)= a (MR, k) . b (np, k, NR); see mha_bwd_isa.gemm. */
 static void gemm_scalar(float *c, int64_t ldc, const float *a, int64_t rsa, int64_t csa,
                         const float *b, int64_t pstride, int64_t k, int64_t np, bool acc) {
@@ -211,7 +218,9 @@ typedef struct bwd_ctx {
     const mha_bwd_isa *isa;
     const float *lse, *delta; /* (B*Hq*L) row statistics                     */
     float *dq_part;           /* (nsplit, B*Hq*L, dp) partial dQ, or NULL    */
-    float *tiles;             /* (B*Hq, ntile, tile_floats) packed Q and dO  */
+    float *tiles;             /* (chunk*G, ntile, tile_floats) packed Q and dO
+                                 of the heads bh0.. of the chunk of pairs   */
+    int64_t bh0;
     int64_t nblk, nsplit, dp, dvp, ntile, tile_floats;
     bool plain;               /* bias is 0 or causal -inf (no mask tensors,
                                  window, key lengths, ALiBi)                 */
@@ -336,7 +345,7 @@ static void pack_tile(const bwd_ctx *c, int64_t bh, int64_t qt) {
     const int64_t b = bh / p->Hq, h = bh % p->Hq, i0 = qt * BR;
     const int64_t nr = p->L - i0 < BR ? p->L - i0 : BR;
     bwd_tile t;
-    tile_layout(c, c->tiles + (bh * c->ntile + qt) * c->tile_floats, &t);
+    tile_layout(c, c->tiles + ((bh - c->bh0) * c->ntile + qt) * c->tile_floats, &t);
     const float *qsrc = (const float *)p->q.data + b * p->q.stride[0] + h * p->q.stride[1] +
                         i0 * p->q.stride[2];
     const float *osrc = (const float *)g->dout.data + b * g->dout.stride[0] +
@@ -358,7 +367,8 @@ static void tile_backward(const bwd_ctx *c, bwd_ws *w, int64_t b, int64_t h, int
 
     /* the packed Q and dO: rows (A of S, dP) and panels (B of dK, dV) */
     bwd_tile t;
-    tile_layout(c, c->tiles + ((b * p->Hq + h) * c->ntile + i0 / BR) * c->tile_floats, &t);
+    tile_layout(c, c->tiles + ((b * p->Hq + h - c->bh0) * c->ntile + i0 / BR) * c->tile_floats,
+                &t);
     const int fin = (int)t.finite[0];
     const bool qfinite = (fin & 1) != 0, ofinite = (fin & 2) != 0;
 
@@ -489,14 +499,24 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
     }
 
     /* one allocation: lse, delta (rows each), thread workspace, packed
-     * query tiles, dQ partials */
+     * query tiles of a chunk of pairs, dQ partials */
     const size_t per = ws_layout(&c, NULL, &(bwd_ws){0});
     c.ntile = (p->L + BR - 1) / BR;
     c.tile_floats = tile_layout(&c, NULL, &(bwd_tile){0});
+    const int64_t G = p->Hq / p->Hkv;
+    size_t pair_bytes; /* one pair's packed tiles; on overflow the chunk is one pair */
+    int64_t chunk = 1;
+    if (!mha_size_mul_overflows((size_t)(G * c.ntile), sizeof(float) * (size_t)c.tile_floats,
+                                &pair_bytes) &&
+        pair_bytes < TILE_BUDGET_BYTES)
+        chunk = (int64_t)(TILE_BUDGET_BYTES / pair_bytes);
+    const int64_t least = (mha_chunk_items_wanted(nthreads) + c.nsplit - 1) / c.nsplit;
+    chunk = chunk > least ? chunk : least; /* tasks for the threads */
+    chunk = chunk < pairs ? chunk : pairs;
     size_t n_part = 0, n_ws = 0, n_tiles = 0, total = 0;
     MHA_CHECK(!mha_size_mul_overflows((size_t)c.nsplit * (size_t)rows, (size_t)c.dp, &n_part) &&
                   !mha_size_mul_overflows(per, (size_t)nthreads, &n_ws) &&
-                  !mha_size_mul_overflows((size_t)(p->B * p->Hq * c.ntile),
+                  !mha_size_mul_overflows((size_t)(chunk * G * c.ntile),
                                           (size_t)c.tile_floats, &n_tiles) &&
                   !__builtin_add_overflow(n_ws, n_tiles, &n_ws) &&
                   !__builtin_add_overflow(n_part, n_ws, &total) &&
@@ -542,19 +562,24 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
     }
     c.lse = lse, c.delta = delta;
 
-    const int64_t tasks = pairs * c.nsplit, ntiles = p->B * p->Hq * c.ntile;
 #pragma omp parallel num_threads(nthreads)
     {
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < ntiles; t++)
-            pack_tile(&c, t / c.ntile, t % c.ntile);
         const int tid = mha_thread_index();
         bwd_ws w;
         ws_layout(&c, scratch + (size_t)tid * per, &w);
+        for (int64_t c0 = 0; c0 < pairs; c0 += chunk) {
+            const int64_t np = pairs - c0 < chunk ? pairs - c0 : chunk;
+            const int64_t ntiles = np * G * c.ntile, tasks = np * c.nsplit;
+#pragma omp single
+            c.bh0 = c0 * G; /* (implied barrier: no task still reads the last chunk) */
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < ntiles; t++)
+                pack_tile(&c, c0 * G + t / c.ntile, t % c.ntile);
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < tasks; t++) {
-            int64_t split = t % c.nsplit, pair = t / c.nsplit;
-            task_backward(&c, &w, pair / p->Hkv, pair % p->Hkv, split);
+            for (int64_t t = 0; t < tasks; t++) {
+                int64_t split = t % c.nsplit, pair = c0 + t / c.nsplit;
+                task_backward(&c, &w, pair / p->Hkv, pair % p->Hkv, split);
+            }
         }
     }
 

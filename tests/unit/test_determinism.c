@@ -97,6 +97,72 @@ TEST(determinism_sdpa_threads_1_to_8_and_repeats) {
     free(ref_o), free(ref_w), free(o), free(w);
 }
 
+/* ---- chunks of (b, kv head) pairs ------------------------------------------------ */
+
+/* B=8 Hq=8 Hkv=4 L=150 S=260 d=dv=32: the fused kernels' packed K/V
+ * (forward, 1 MiB a chunk) and query tiles (backward) do not fit one chunk,
+ * and how many pairs a chunk takes grows with the threads (16 work items at
+ * least, 2 per thread): 1, 3 and 12 threads cut the pairs differently, and
+ * the results must not move a bit; against the reference within 1e-5
+ * (forward) and 1e-4 (backward). */
+enum { CB = 8, CHQ = 8, CHKV = 4, CL = 150, CS = 260, CD = 32 };
+enum { CNQ = CB * CHQ * CL * CD, CNK = CB * CHKV * CS * CD };
+
+#define TRY(call)                                                                    \
+    do {                                                                             \
+        const mha_status st_ = (call);                                               \
+        if (st_ != MHA_OK)                                                           \
+            return st_;                                                              \
+    } while (0)
+
+static mha_status chunk_run(mha_kernel kernel, const float *x, float *o, float *g) {
+    const int64_t sq[4] = {CB, CHQ, CL, CD}, sk[4] = {CB, CHKV, CS, CD};
+    mha_tensor q, k, v, out, dq, dk, dv, dout;
+    TRY(mha_tensor_init(&q, MHA_F32, (void *)x, 4, sq));
+    TRY(mha_tensor_init(&k, MHA_F32, (void *)(x + CNQ), 4, sk));
+    TRY(mha_tensor_init(&v, MHA_F32, (void *)(x + CNQ + CNK), 4, sk));
+    TRY(mha_tensor_init(&dout, MHA_F32, (void *)(x + CNQ + 2 * CNK), 4, sq));
+    TRY(mha_tensor_init(&out, MHA_F32, o, 4, sq));
+    TRY(mha_tensor_init(&dq, MHA_F32, g, 4, sq));
+    TRY(mha_tensor_init(&dk, MHA_F32, g + CNQ, 4, sk));
+    TRY(mha_tensor_init(&dv, MHA_F32, g + CNQ + CNK, 4, sk));
+    mha_sdpa_options opt;
+    mha_sdpa_options_init(&opt);
+    opt.kernel = kernel;
+    opt.causal = MHA_CAUSAL_BOTTOM_RIGHT;
+    TRY(mha_sdpa_forward(&out, &q, &k, &v, &opt));
+    memset(g, 0, sizeof(float) * (CNQ + 2 * CNK)); /* the backward adds */
+    return mha_sdpa_backward(&dq, &dk, &dv, &dout, &out, NULL, &q, &k, &v, &opt);
+}
+
+TEST(determinism_sdpa_chunks_of_pairs) {
+    const size_t nx = CNQ + 2 * CNK + CNQ, ng = CNQ + 2 * CNK;
+    float *x = malloc(sizeof(float) * nx), *ro = malloc(sizeof(float) * CNQ);
+    float *rg = malloc(sizeof(float) * ng), *o1 = malloc(sizeof(float) * CNQ);
+    float *g1 = malloc(sizeof(float) * ng), *o = malloc(sizeof(float) * CNQ);
+    float *g = malloc(sizeof(float) * ng);
+    test_randn(x, nx, 61);
+    CHECK_STATUS(chunk_run(MHA_KERNEL_REF, x, ro, rg), MHA_OK);
+    const int threads[3] = {1, 3, 12};
+    for (size_t kk = 1; kk < sizeof kernels / sizeof *kernels; kk++) {
+        if (!test_kernel_runs(kernels[kk]))
+            continue;
+        for (int t = 0; t < 3; t++) {
+            mha_set_num_threads(threads[t]);
+            CHECK_STATUS(chunk_run(kernels[kk], x, t ? o : o1, t ? g : g1), MHA_OK);
+        }
+        /* the last run (12 threads) against the first (1 thread) and the reference */
+        CHECK(memcmp(o, o1, sizeof(float) * CNQ) == 0);
+        CHECK(memcmp(g, g1, sizeof(float) * ng) == 0);
+        const double eo = test_rel_err(o1, ro, CNQ), eg = test_rel_err(g1, rg, ng);
+        if (!(eo <= 1e-5 && eg <= 1e-4))
+            test_fail(__FILE__, __LINE__, "kernel %s: out %.3g (1e-5), grads %.3g (1e-4)",
+                      mha_kernel_name(kernels[kk]), eo, eg);
+    }
+    mha_set_num_threads(0);
+    free(x), free(ro), free(rg), free(o1), free(g1), free(o), free(g);
+}
+
 /* ---- multi-head attention --------------------------------------------------------- */
 
 enum { MB = 2, ML = 29, MS = 31, ME = 24, MH = 3 };

@@ -1,5 +1,8 @@
-/* test_attention_bf16dot.c - the avx512 kernel's bf16 dot-product loops
- * (attention_flash_avx512bf16.c: Q.K^T and P.V on bf16 pairs, vdpbf16ps).
+/* test_attention_bf16dot.c - the avx512 kernel's bf16 products: the
+ * dot-product loops (attention_flash_avx512bf16.c: Q.K^T and P.V on bf16
+ * pairs, vdpbf16ps) and the AMX tile products (attention_flash_amx.c,
+ * tdpbf16ps; natively only, skipped without AMX).  mha_sdpa_forward runs
+ * whichever mha_flash_bf16_pick() takes on this CPU.
  *
  * Letter legend: B batch, Hq query heads, Hkv kv heads, L query length,
  * S key length, d head dim of q/k, dv head dim of v; d2 = ceil(d/2) pairs.

@@ -26,8 +26,10 @@
  * is 4 TDPBF16PS (4 x 16 x 16 x 32 multiply-adds) for 4 tile loads; the C
  * tiles are loaded (P.V) or zeroed (Q.K^T) once per block and stored once.
  * Measured on a Sapphire Rapids class Xeon: one core sustains 3.8 TFLOP/s
- * of TDPBF16PS, about 12x its float32 FMA loop, so the products stop being
- * the forward's cost and the float32 softmax is (docs/performance.md).
+ * of TDPBF16PS, about 15x its float32 FMA loop; in the forward the C tile
+ * stores (about 48 cycles a KiB) hold Q.K^T of a block to some 1.5 TFLOP/s,
+ * and the float32 softmax costs as much as both products
+ * (docs/performance.md).
  */
 #include "attention_flash.h"
 

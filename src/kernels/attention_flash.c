@@ -163,7 +163,7 @@ static void round_row_scalar(float *s, int64_t n, mha_dtype dt) {
 
 static const mha_flash_isa isa_scalar = {"scalar",          qk_scalar,      pv_scalar,
                                          row_scores_scalar, row_exp_scalar, round_row_scalar,
-                                         NULL, NULL, NULL, NULL, NULL};
+                                         NULL, NULL, NULL, NULL};
 
 /* ---- packing ----------------------------------------------------------------- */
 
@@ -174,7 +174,6 @@ typedef struct flash_plan {
     bool bf16_qk;       /* q, k bf16: Q.K^T on pairs (dot->qk)             */
     bool bf16_pv;       /* v bf16: P.V on pairs (dot->pv)                  */
     bool tiles;         /* dot's whole-tile products (AMX) do them         */
-    int64_t row_align;  /* q tile rows padded to this: MR, or 16 for tiles  */
     int64_t d2;         /* ceil(d/2): pairs per packed q or k row          */
     int64_t kblock, vblock; /* floats of one packed K block, V block       */
     int64_t G;          /* query heads per kv head                         */
@@ -273,16 +272,6 @@ static bool pack_kv_block(const flash_plan *pl, int64_t b, int64_t hk, int64_t k
         const int64_t kr = k0 + (j0 + j) * p->k.stride[2], vr = v0 + (j0 + j) * p->v.stride[2];
         if (k_gather) {
             /* packed above */
-        } else if (pl->bf16_qk && p->k.stride[3] == 1) { /* whole pairs: 32-bit copies */
-            const uint16_t *src = (const uint16_t *)p->k.data + kr;
-            uint32_t *dst = (uint32_t *)kp + (j / NR) * pl->d2 * NR + j % NR;
-            for (int64_t c2 = 0; c2 < d / 2; c2++) {
-                uint32_t x;
-                memcpy(&x, src + 2 * c2, sizeof x);
-                dst[c2 * NR] = x;
-            }
-            if (d % 2)
-                dst[(d / 2) * NR] = src[d - 1];
         } else if (pl->bf16_qk) {
             const uint16_t *src = (const uint16_t *)p->k.data + kr;
             for (int64_t c = 0; c < d; c++)
@@ -553,7 +542,7 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
                      int64_t qb, const float *pair, const bool *vflags) {
     const mha_attn_problem *p = pl->p;
     const int64_t dv = p->dv, dvp = pl->dvp, i0 = qb * BR;
-    const int64_t rows = p->L - i0 < BR ? p->L - i0 : BR, rowsp = round_up(rows, pl->row_align);
+    const int64_t rows = p->L - i0 < BR ? p->L - i0 : BR, rowsp = round_up(rows, pl->tiles ? 16 : MR);
     const float *kpack = pair, *vpack = pair + pl->nkb * pl->kblock;
     int64_t ncg[BR / MR];
 
@@ -619,10 +608,6 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
             if (to_pb) {
                 w->l[r] += pl->dot->row_exp_bf16(sr, ng, plain ? pl->scale : 1.0f, mnew,
                                                  w->pb + r * BC);
-                continue;
-            }
-            if (p->p_dtype != MHA_F32 && !p->dropout && pl->isa->row_exp_round) {
-                w->l[r] += pl->isa->row_exp_round(sr, ng, mnew, p->p_dtype); /* P in v's dtype */
                 continue;
             }
             w->l[r] += pl->isa->row_exp(sr, ng, mnew);
@@ -796,7 +781,6 @@ mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *is
     if (dot && dot->tile_qk && round_up((p->d + 1) / 2, dot->d2_align) > p->d)
         pl.bf16_qk = false;
     pl.tiles = dot && dot->tile_qk && (pl.bf16_qk || pl.bf16_pv);
-    pl.row_align = pl.tiles ? 16 : MR;
     pl.G = p->Hq / p->Hkv;
     pl.nqb = (p->L + BR - 1) / BR;
     plan_blocks(&pl);

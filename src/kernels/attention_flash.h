@@ -54,10 +54,6 @@ typedef struct mha_flash_isa {
     /* dst[0, n) = the contiguous half row src (MHA_F16 or MHA_BF16) widened
      * exactly to float32; NULL: the driver's scalar conversion. */
     void (*widen_row)(float *dst, const uint16_t *src, mha_dtype dt, int64_t n);
-    /* row_exp, then round_row to dt (MHA_F16 or MHA_BF16) in the same
-     * pass: the sum is of the values before rounding, as row_exp's; the
-     * same bits as the two calls.  NULL: the driver makes the two calls. */
-    float (*row_exp_round)(float *s, int64_t n, float m, mha_dtype dt);
     /* Two keys' contiguous bf16 rows a, b (b NULL: zeros) as pairs of a
      * packed V block: dst[(c/NR)*pstep + c%NR] = a[c] | b[c] << 16 for
      * c < n, zero up to the panel's end; returns whether a value read has

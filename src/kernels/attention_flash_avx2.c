@@ -236,7 +236,7 @@ static void widen_row_avx2(float *dst, const uint16_t *src, mha_dtype dt, int64_
 
 const mha_flash_isa mha_flash_isa_avx2 = {"avx2",       qk_avx2,        pv_avx2,
                                           row_scores_avx2, row_exp_avx2, round_row_avx2,
-                                          widen_row_avx2,  NULL,         NULL, NULL, NULL};
+                                          widen_row_avx2,  NULL,         NULL, NULL};
 
 double mha_fma_peak_loop_avx2(int64_t iters, double *flops) {
     __m256 acc[12];

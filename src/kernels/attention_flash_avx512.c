@@ -60,11 +60,8 @@ static float row_scores_avx512(float *s, int64_t n, int64_t lim, float scale, co
     return nan ? NAN : _mm512_reduce_max_ps(mx);
 }
 
-/* p = exp(s - m), -0.0f where s is -inf, stored rounded to dt (MHA_F32:
- * not rounded); returns the sum before rounding (16 partial sums).
- * Inlined with a constant dt. */
-static inline __attribute__((always_inline)) float exp_row(float *s, int64_t n, float m,
-                                                           const mha_dtype dt) {
+/* p = exp(s - m), -0.0f where s is -inf; returns the sum (16 partial sums). */
+static float row_exp_avx512(float *s, int64_t n, float m) {
     const __m512 ninf = _mm512_set1_ps(-INFINITY), vm = _mm512_set1_ps(m);
     const __m512 sign = _mm512_set1_ps(-0.0f);
     __m512 sum = _mm512_setzero_ps();
@@ -74,15 +71,9 @@ static inline __attribute__((always_inline)) float exp_row(float *s, int64_t n, 
         __m512 e = exp_softmax512(_mm512_sub_ps(x, vm));
         e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, ninf, _CMP_EQ_OQ), sign); /* masked */
         sum = _mm512_add_ps(sum, e);
-        _mm512_mask_storeu_ps(s + j, k, dt == MHA_F32 ? e : round_half512(e, dt));
+        _mm512_mask_storeu_ps(s + j, k, e);
     }
     return _mm512_reduce_add_ps(sum);
-}
-
-static float row_exp_avx512(float *s, int64_t n, float m) { return exp_row(s, n, m, MHA_F32); }
-
-static float row_exp_round_avx512(float *s, int64_t n, float m, mha_dtype dt) {
-    return dt == MHA_BF16 ? exp_row(s, n, m, MHA_BF16) : exp_row(s, n, m, MHA_F16);
 }
 
 /* Half rows widened 16 at a time: vcvtph2ps for fp16, a 16-bit shift for
@@ -150,8 +141,8 @@ static void gather_panel_avx512(uint32_t *dst, const char *src, int64_t row_byte
 
 const mha_flash_isa MHA_AVX512_SYMBOL(mha_flash_isa_avx512) = {
     "avx512",         qk_avx512,      pv_avx512,       row_scores_avx512,
-    row_exp_avx512,   round_half_row512, widen_row_avx512, row_exp_round_avx512,
-    pair_rows_avx512, spread_row_avx512, GATHER_PANEL};
+    row_exp_avx512,   round_half_row512, widen_row_avx512, pair_rows_avx512,
+    spread_row_avx512, GATHER_PANEL};
 
 /* An FMA-bound loop (16 independent 16-lane chains): the peak on CPUs whose
  * AVX-512 doubles the FMA width (Intel server cores); on Zen 4, whose

@@ -156,24 +156,27 @@ static inline __m512 widen_half512(__m256i h, mha_dtype dt) {
  * bf16 by the rounding add of mha_float_to_bf16 in integer lanes (+0x7fff +
  * the lowest kept bit, low half cleared), NaN lanes only getting the quiet
  * bit (0x00400000) so they stay NaN. */
-static inline __m512 round_half512(__m512 v, mha_dtype dt) {
-    if (dt == MHA_F16)
-        return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+static inline void round_half_row512(float *p, int64_t n, mha_dtype dt) {
+    if (dt == MHA_F16) {
+        for (int64_t j = 0; j < n; j += 16) {
+            const __mmask16 k = mask16(n - j);
+            const __m256i h =
+                _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, p + j), _MM_FROUND_TO_NEAREST_INT);
+            _mm512_mask_storeu_ps(p + j, k, _mm512_cvtph_ps(h));
+        }
+        return;
+    }
     const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
     const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
     const __m512i top = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x400000);
-    const __m512i x = _mm512_castps_si512(v);
-    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, abs), inf);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), one);
-    __m512i r = _mm512_add_epi32(x, _mm512_add_epi32(bias, lsb));
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(x, quiet));
-    return _mm512_castsi512_ps(_mm512_and_si512(r, top));
-}
-
-static inline void round_half_row512(float *p, int64_t n, mha_dtype dt) {
     for (int64_t j = 0; j < n; j += 16) {
         const __mmask16 k = mask16(n - j);
-        _mm512_mask_storeu_ps(p + j, k, round_half512(_mm512_maskz_loadu_ps(k, p + j), dt));
+        const __m512i x = _mm512_castps_si512(_mm512_maskz_loadu_ps(k, p + j));
+        const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, abs), inf);
+        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), one);
+        __m512i r = _mm512_add_epi32(x, _mm512_add_epi32(bias, lsb));
+        r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(x, quiet));
+        _mm512_mask_storeu_ps(p + j, k, _mm512_castsi512_ps(_mm512_and_si512(r, top)));
     }
 }
 

@@ -179,6 +179,34 @@ static inline simde__m512 emu_roundscale_ps(simde__m512 a, int imm) {
 #undef _mm512_roundscale_ps
 #define _mm512_roundscale_ps(a, imm) emu_roundscale_ps((a), (imm))
 
+/* VREDUCEPS with M = 0 fraction bits, rounding down (the only form the
+ * kernels use): x - floor(x), the subtraction itself rounded down, so an
+ * integer gives -0, a tiny negative x 1 - 2^-24 (checked against Zen 4);
+ * +-inf gives +0 (SDM, VREDUCEPS special cases), NaN stays NaN. */
+static inline simde__m512 emu_reduce_ps(simde__m512 a, int imm) {
+    if ((imm & ~8) != 1)
+        __builtin_trap(); /* other forms: not emulated */
+    emu_ps x = {.v = a};
+    for (int i = 0; i < 16; i++) {
+        const float f = x.f[i];
+        if (isnan(f) || isinf(f)) {
+            x.f[i] = isnan(f) ? f : 0.0f;
+            continue;
+        }
+        /* r: one of the two floats around f - floor(f) (monotone roundings);
+         * r + floor(f) and f are exact in double (their bits span < 53), so
+         * the comparison picks the lower one */
+        const double fl = floor((double)f);
+        float r = (float)((double)f - fl);
+        if ((double)r + fl > (double)f)
+            r = nextafterf(r, -INFINITY);
+        x.f[i] = r == 0.0f ? -0.0f : r;
+    }
+    return x.v;
+}
+#undef _mm512_reduce_ps
+#define _mm512_reduce_ps(a, imm) emu_reduce_ps((a), (imm))
+
 #undef _mm512_mask_cmp_ps_mask
 #define _mm512_mask_cmp_ps_mask(k, a, b, p)                                                   \
     ((simde__mmask16)((k) & simde_mm512_cmp_ps_mask((a), (b), (p))))

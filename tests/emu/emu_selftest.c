@@ -69,6 +69,19 @@ int mha_emu_selftest(char *msg, size_t n) {
                 return fail(msg, n, "_mm512_roundscale_ps", i + 100 * modes[m], r[i], w);
         }
     }
+    /* reduce M = 0 rounding down: x - floor(x) with the subtraction rounded
+     * down (an integer gives -0, a tiny negative value 1 - 2^-24), +0 for
+     * +-inf, NaN kept; the bits as Zen 4 gives them */
+    const float xr[16] = {-2.5f, -2.26f, -1.5f, -0.5f, -0.0f, 0.0f, 3.0f, -3.0f,
+                          2.75f, -1e-30f, -126.0f, nan, inf, -inf, 1e-40f, 8388609.0f};
+    const float wr[16] = {0.5f, 0.74f, 0.5f, 0.5f, -0.0f, -0.0f, -0.0f, -0.0f,
+                          0.75f, 1.0f - 0x1p-24f, -0.0f, nan, 0.0f, 0.0f, 1e-40f, -0.0f};
+    _mm512_storeu_ps(r, _mm512_reduce_ps(_mm512_loadu_ps(xr), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+    for (int i = 0; i < 16; i++) {
+        const float w = i == 1 ? xr[1] - floorf(xr[1]) : wr[i];
+        if (!same(r[i], w))
+            return fail(msg, n, "_mm512_reduce_ps", i, r[i], w);
+    }
     /* scalef: a * 2^floor(b) for finite b */
     for (int i = 0; i < 16; i++)
         y[i] = (float)(i - 8) + 0.25f * (float)(i % 4);

@@ -170,10 +170,10 @@ static const mha_flash_isa isa_scalar = {"scalar",          qk_scalar,      pv_s
 typedef struct flash_plan {
     const mha_attn_problem *p;
     const mha_flash_isa *isa;
-    const mha_flash_bf16 *dot; /* the bf16 loops, or NULL                  */
-    bool bf16_qk;       /* q, k bf16: Q.K^T on pairs (dot->qk)             */
-    bool bf16_pv;       /* v bf16: P.V on pairs (dot->pv)                  */
-    bool tiles;         /* dot's whole-tile products (AMX) do them         */
+    const mha_flash_bf16 *dot; /* the bf16 tile products, or NULL          */
+    bool bf16_qk;       /* q, k bf16: Q.K^T on pairs (dot->tile_qk)        */
+    bool bf16_pv;       /* v bf16: P.V on pairs (dot->tile_pv)             */
+    bool tiles;         /* bf16_qk or bf16_pv: whole-tile products run     */
     int64_t d2;         /* ceil(d/2): pairs per packed q or k row          */
     int64_t kblock, vblock; /* floats of one packed K block, V block       */
     int64_t G;          /* query heads per kv head                         */
@@ -390,49 +390,39 @@ static float row_scores_any(const flash_plan *pl, float *s, int64_t n, int64_t l
  * moves cache traffic, never a bit. */
 enum { SLICE = 4 };
 
-/* s rows g0..g0+MR, columns of panels [p0, p0+np) = the q tile's rows . the
- * packed K block kp: on bf16 pairs (bf16_qk) or in float32. */
-static void tile_qk(const flash_plan *pl, const flash_ws *w, int64_t g0, const float *kp,
-                    int64_t p0, int64_t np) {
-    float *s = w->s + g0 * BC + p0 * NR;
-    if (pl->bf16_qk) {
-        pl->dot->qk(s, BC, (const uint32_t *)w->qp + g0 * pl->d2, pl->d2,
-                    (const uint32_t *)kp + p0 * pl->d2 * NR, pl->d2, np);
-        return;
-    }
-    const int64_t d = pl->p->d;
-    pl->isa->qk(s, BC, w->qp + g0 * d, d, kp + p0 * d * NR, d, np);
-}
-
-/* s (rows, BC) = the q tile . kp^T, row group g up to its ncg[g] visible
- * columns; panel-major (see SLICE). */
+/* s (rows, BC) = the q tile . kp^T: on bf16 pairs (bf16_qk) every row to
+ * the widest group, else in float32 row group g up to its ncg[g] visible
+ * columns, panel-major (see SLICE). */
 static void block_qk(const flash_plan *pl, const flash_ws *w, int64_t rows, const float *kp,
                      const int64_t *ncg) {
     int64_t most = 0;
     for (int64_t g = 0; g * MR < rows; g++)
         most = ncg[g] > most ? ncg[g] : most;
-    if (pl->bf16_qk && pl->tiles) { /* every row to the widest group */
+    if (pl->bf16_qk) {
         pl->dot->tile_qk(w->s, BC, (const uint32_t *)w->qp, pl->d2, (const uint32_t *)kp, pl->d2,
                          (most + NR - 1) / NR, rows);
         return;
     }
+    const int64_t d = pl->p->d;
     for (int64_t p0 = 0; p0 * NR < most; p0 += SLICE)
         for (int64_t g = 0; g * MR < rows; g++) {
             const int64_t np = (ncg[g] + NR - 1) / NR - p0;
             if (np > 0)
-                tile_qk(pl, w, g * MR, kp, p0, np < SLICE ? np : SLICE);
+                pl->isa->qk(w->s + g * MR * BC + p0 * NR, BC, w->qp + g * MR * d, d,
+                            kp + p0 * d * NR, d, np < SLICE ? np : SLICE);
         }
 }
 
-/* o (rows, dvp) += p (rows, ncg[g] per group) . the packed V block vp, on
- * bf16 pairs (bf16_pv) or in float32; panel-major (see SLICE).  Only for a
- * block whose V is finite (the caller skips masked columns otherwise).  On
- * the tile products P is w->pb's bf16 rows: written by the softmax
- * (in_pb), else converted here from s (exact: already rounded to bf16). */
+/* o (rows, dvp) += p (rows, ncg[g] per group) . the packed V block vp: on
+ * bf16 pairs (bf16_pv) every row to the widest group, P being w->pb's bf16
+ * rows (written by the softmax when in_pb, else converted here from s,
+ * exactly: already rounded to bf16); else in float32, panel-major (see
+ * SLICE).  Only for a block whose V is finite (the caller skips masked
+ * columns otherwise). */
 static void block_pv(const flash_plan *pl, const flash_ws *w, int64_t rows, const float *vp,
                      const int64_t *ncg, bool in_pb) {
     const int64_t dvp = pl->dvp;
-    if (pl->bf16_pv && pl->tiles) { /* every row to the widest group, zero past its own */
+    if (pl->bf16_pv) { /* zero past each row's own columns */
         int64_t most = 0;
         for (int64_t g = 0; g * MR < rows; g++)
             most = ncg[g] > most ? ncg[g] : most;
@@ -453,12 +443,8 @@ static void block_pv(const flash_plan *pl, const flash_ws *w, int64_t rows, cons
             const int64_t g0 = g * MR, ng = ncg[g];
             if (ng == 0)
                 continue;
-            float *o = w->o + g0 * dvp + c0;
-            if (pl->bf16_pv)
-                pl->dot->pv(o, dvp, w->s + g0 * BC, BC,
-                            (const uint32_t *)vp + (c0 / NR) * (BC / 2) * NR, ng, nc);
-            else
-                pl->isa->pv(o, dvp, w->s + g0 * BC, BC, vp + (c0 / NR) * BC * NR, ng, nc);
+            pl->isa->pv(w->o + g0 * dvp + c0, dvp, w->s + g0 * BC, BC, vp + (c0 / NR) * BC * NR,
+                        ng, nc);
         }
     }
 }
@@ -575,7 +561,7 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
         if (!score_block(pl, w, b, h, i0, rows, kb, kpack + kb * pl->kblock, ncg))
             continue;
         /* P straight into the tile products' bf16 rows: exp and rounding in one pass */
-        const bool to_pb = pl->tiles && pl->bf16_pv && !p->dropout && !vflags[kb];
+        const bool to_pb = pl->bf16_pv && !p->dropout && !vflags[kb];
         for (int64_t r = 0; r < rows; r++) {
             const int64_t ng = ncg[r / MR];
             if (ng == 0)
@@ -763,7 +749,7 @@ static void plan_blocks(flash_plan *pl) {
     pl->nkb = (p->S + BC - 1) / BC;
     pl->dvp = round_up(p->dv > 0 ? p->dv : 1, NR);
     pl->d2 = (p->d + 1) / 2;
-    if (pl->bf16_qk && pl->tiles) /* whole 16-pair steps: zero padded */
+    if (pl->bf16_qk) /* whole steps of the tile products: zero padded */
         pl->d2 = round_up(pl->d2, pl->dot->d2_align);
     pl->kblock = BC * (pl->bf16_qk ? pl->d2 : p->d);
     pl->vblock = pl->bf16_pv ? BC / 2 * pl->dvp : BC * pl->dvp;
@@ -778,9 +764,9 @@ mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *is
     pl.bf16_pv = dot && p->v.dtype == MHA_BF16 && p->p_dtype == MHA_BF16;
     /* the padded pairs of a tiny d would outgrow the float32 layout the
      * workspace bound plans: those are widened */
-    if (dot && dot->tile_qk && round_up((p->d + 1) / 2, dot->d2_align) > p->d)
+    if (dot && round_up((p->d + 1) / 2, dot->d2_align) > p->d)
         pl.bf16_qk = false;
-    pl.tiles = dot && dot->tile_qk && (pl.bf16_qk || pl.bf16_pv);
+    pl.tiles = pl.bf16_qk || pl.bf16_pv;
     pl.G = p->Hq / p->Hkv;
     pl.nqb = (p->L + BR - 1) / BR;
     plan_blocks(&pl);
@@ -825,11 +811,11 @@ mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *is
                 int64_t qb = pl.nqb - 1 - t % pl.nqb, g = (t / pl.nqb) % pl.G;
                 int64_t pr = t / (pl.nqb * pl.G), pair = c0 + pr;
                 int64_t b = pair / p->Hkv, hk = pair % p->Hkv;
-                if (pl.tiles) /* the tile products run in this item */
+                if (pl.tiles && dot->tiles_on) /* the tile products run in this item */
                     dot->tiles_on();
                 run_item(&pl, &w, b, hk * pl.G + g, hk, qb, pack + pr * pl.pair_floats,
                          vflags + pr * pl.nkb);
-                if (pl.tiles)
+                if (pl.tiles && dot->tiles_off)
                     dot->tiles_off();
             }
         }

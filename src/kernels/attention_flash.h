@@ -8,8 +8,8 @@
  * The driver (attention_flash.c) owns tiling, packing, masks, the online
  * softmax bookkeeping, dropout, weights and threads; an ISA supplies only the
  * inner loops below.  Scalar C, AVX2+FMA and AVX-512 versions exist, and
- * on AVX512_BF16 two bf16 dot-product loops and on AMX two bf16 tile
- * products (mha_flash_bf16); all are checked against mha_attn_fwd_f32_ref.
+ * bf16 tile products on AVX512_BF16 (vdpbf16ps) and on AMX
+ * (mha_flash_bf16); all are checked against mha_attn_fwd_f32_ref.
  */
 #ifndef MHA_ATTENTION_FLASH_H
 #define MHA_ATTENTION_FLASH_H
@@ -72,53 +72,47 @@ typedef struct mha_flash_isa {
                          int64_t n, int64_t cols, float mul);
 } mha_flash_isa;
 
-/* The bf16 dot-product loops (vdpbf16ps), on bf16 pairs: a pair is two
- * bf16 values in 32 bits, the lower-indexed one in the low half.
- * Packed layouts (64-byte aligned), used instead of the float32 ones:
- *   q tile  qp (BR, d2)           pairs along d, d2 = ceil(d/2), odd d: the
- *                                 last pair's high half 0;
+/* The bf16 tile products (vdpbf16ps on AVX512_BF16, or AMX), on bf16
+ * pairs: a pair is two bf16 values in 32 bits, the lower-indexed one in the
+ * low half.  Packed layouts (64-byte aligned), used instead of the float32
+ * ones:
+ *   q tile  qp (rows16, d2)       pairs along d, d2 = ceil(d/2) rounded up
+ *                                 to d2_align, zero padded (odd d: the last
+ *                                 pair's high half 0), rows past `rows` zero
+ *                                 up to rows16 = rows rounded up to 16;
  *   k block kp (BC/NR, d2, NR)    pairs along d, columns past S zero;
- *   v block vp (dvp/NR, BC/2, NR) pairs along the key axis, zero padded.
- * The driver takes qk when q and k are both MHA_BF16 (and no ONNX scale:
- * q * sqrt(scale) is no bf16 value), pv when v is MHA_BF16 (P is then
- * rounded to bf16 by round_row first, so its conversion is exact). */
+ *   v block vp (dvp/NR, BC/2, NR) pairs along the key axis, zero padded;
+ *   P       pb (rows16, BC)       bf16 rows (pairs along the key axis).
+ * The driver takes tile_qk when q and k are both MHA_BF16 (and no ONNX
+ * scale: q * sqrt(scale) is no bf16 value), tile_pv when v is MHA_BF16 (P
+ * is then rounded to bf16, so its bf16 rows are exact).  Both do all rows
+ * of the q tile at once, so rows past `rows` up to rows16 may be read from
+ * the q tile and P and written to s and o (scratch rows). */
 typedef struct mha_flash_bf16 {
     const char *name;
-    /* s (MR, npanels*NR) rows ld lds = q (MR, d2) pairs rows ld ldq . kp^T. */
-    void (*qk)(float *s, int64_t lds, const uint32_t *q, int64_t ldq, const uint32_t *kp,
-               int64_t d2, int64_t npanels);
-    /* o (MR, dvp) rows ld ldo += p (MR, n) rows ld ldp . vp (dvp/NR, BC/2, NR)
-     * pairs; p holds bf16 values as float32 (-0.0f marks adding nothing),
-     * converted to pairs inside, p[n] taken as 0 when n is odd. */
-    void (*pv)(float *o, int64_t ldo, const float *p, int64_t ldp, const uint32_t *vp,
-               int64_t n, int64_t dvp);
-    /* Or whole-tile products (AMX; qk and pv are then NULL): all rows of
-     * the q tile at once, 16 at a time, so rows past `rows` up to a
-     * multiple of 16 are read from the q tile (the driver pads it with zero
-     * rows) and written to s and o (scratch rows); d2 is padded to a
-     * multiple of d2_align.  tile_qk: s (rows, npanels*NR) rows ld lds =
-     * q (rows, d2) pairs rows ld ldq . kp^T.  tile_pv: o (rows, dvp) rows
-     * ld ldo += p (rows, n) rows ld ldp . vp (dvp/NR, BC/2, NR) pairs,
-     * every row to the same n.  Both only between tiles_on() and tiles_off() on
-     * the calling thread (the tile configuration and its release). */
+    /* s (rows, npanels*NR) rows ld lds = q (rows, d2) pairs rows ld ldq .
+     * kp^T (npanels, d2, NR) pairs. */
     void (*tile_qk)(float *s, int64_t lds, const uint32_t *q, int64_t ldq, const uint32_t *kp,
                     int64_t d2, int64_t npanels, int64_t rows);
-    /* p: bf16 rows (rows16, n rounded up to 32) ld ldp, where the driver
-     * has written 0 wherever nothing is to be added (past a row's visible
-     * columns, and the rows past `rows`). */
+    /* o (rows, dvp) rows ld ldo += p (rows, n) bf16 rows ld ldp . vp
+     * (dvp/NR, BC/2, NR) pairs, every row to the same n; p is 0 wherever
+     * nothing is to be added (past a row's visible columns up to n rounded
+     * up to 32, and in the rows past `rows`). */
     void (*tile_pv)(float *o, int64_t ldo, const uint16_t *p, int64_t ldp, const uint32_t *vp,
                     int64_t n, int64_t dvp, int64_t rows);
-    /* The softmax of the tile products' rows, P written rounded to bf16
-     * straight into the bf16 row p[0, n) that tile_pv takes:
+    /* The softmax of the products' rows, P written rounded to bf16 straight
+     * into the bf16 row p[0, n) that tile_pv takes:
      * row_exp_bf16: x = s * scale (scale 1: s is already the row_scores of
      * mha_flash_isa), p = exp(x - m), -0.0 where x is -inf; returns the
      * sum of the float32 values.  row_max: the max of s[0, n), NaN when
      * any is NaN (for scale > 0, max(s) * scale is the max of s * scale). */
     float (*row_exp_bf16)(const float *s, int64_t n, float scale, float m, uint16_t *p);
     float (*row_max)(const float *s, int64_t n);
+    /* The calling thread's tile configuration and its release (AMX): the
+     * products run only between them.  NULL: nothing to set up. */
     void (*tiles_on)(void);
     void (*tiles_off)(void);
-    int64_t d2_align; /* pairs per packed q/k row rounded to this (0: 1) */
+    int64_t d2_align; /* pairs per packed q/k row rounded to this (>= 1) */
 } mha_flash_bf16;
 
 /* Runs p with the given inner loops (threads, workspace, all options);
@@ -134,8 +128,11 @@ extern const mha_flash_isa mha_flash_isa_avx2;
  * mha_avx512_runs(), taken with MHA_AVX512_PICK). */
 MHA_AVX512_DECLARE(mha_flash_isa, mha_flash_isa_avx512);
 /* The AVX512_BF16 loops (attention_flash_avx512bf16.c; only after
- * mha_avx512_bf16_runs()): mha_flash_bf16_pick() returns them then. */
+ * mha_avx512_bf16_runs()): mha_flash_bf16_pick() returns them then.  Their
+ * row_max and row_exp_bf16 serve the AMX products too. */
 MHA_AVX512_DECLARE(mha_flash_bf16, mha_flash_bf16_avx512);
+float mha_flash_row_max_avx512(const float *s, int64_t n);
+float mha_flash_row_exp_bf16_avx512(const float *s, int64_t n, float scale, float m, uint16_t *p);
 /* The AMX tile products (attention_flash_amx.c; only after
  * mha_cpu_has_amx_bf16(), never emulated). */
 extern const mha_flash_bf16 mha_flash_bf16_amx;

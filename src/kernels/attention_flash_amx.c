@@ -8,9 +8,10 @@
  * what TDPBF16PS takes as its B operand: 16 rows (pairs along the reduced
  * axis) of 16 columns x one pair = 64 bytes, 64 bytes apart.  The q tile
  * (rows, d2) pairs is the A operand as it stands (16 rows x 16 pairs),
- * and so are P's bf16 rows, which row_exp_bf16 writes (exp and rounding in
- * one pass).  Everything else (softmax, masks, the output) is the
- * float32 path of attention_flash_avx512.c.  Compiled with
+ * and so are P's bf16 rows, which the vdpbf16ps loops' row_exp_bf16 writes
+ * (exp and rounding in one pass, attention_flash_avx512bf16.c).  Masks,
+ * the running statistics and the output are the float32 path of
+ * attention_flash_avx512.c.  Compiled with
  * AVX512BF16_FLAGS and -mamx-tile -mamx-bf16; only reached after
  * mha_cpu_has_amx_bf16() (natively: AMX cannot be emulated), between
  * tiles_on and tiles_off on the same thread.
@@ -34,8 +35,6 @@
 #include "attention_flash.h"
 
 #include <stdbool.h>
-#include <math.h>
-#include <string.h>
 
 #include <immintrin.h>
 
@@ -168,73 +167,13 @@ static void pv_amx(float *o, int64_t ldo, const uint16_t *p, int64_t ldp, const 
               (BC / 2) * NR * 4, TR * NR * 4, (n + 31) / 32, (rows + TR - 1) / TR, dvp / NR);
 }
 
-/* e^x for x = s - m <= 0 (or NaN, which propagates), for P that is then
- * rounded to bf16 (8 significant bits): exp_softmax512's polynomial
- * (simd_avx512.h) in Horner form, a one-constant ln 2 reduction and
- * round-to-nearest by the 1.5 * 2^23 shift: 10 vector operations where it
- * has 12 (13 uops; the exp pass is the AMX forward's largest cost).  x is
- * clamped at -87 as there (e^x >= 2^-126 stays normal, and a huge |x| never
- * meets the shift's range).  Measured against exp in float64 over [-87, 0]
- * in steps of 1e-6: relative error <= 3.9e-7, far below the 2e-3 of the
- * bf16 rounding that follows. */
-static inline __m512 exp_bf16_softmax(__m512 x) {
-    const __m512 shift = _mm512_set1_ps(12582912.0f); /* 1.5 * 2^23 */
-    x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x); /* operand order keeps NaN */
-    const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shift),
-                                   shift);
-    const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693147180559945309f), x);
-    __m512 y = _mm512_set1_ps(8.333842270076275e-3f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.189859703183174e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.666688621044159e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.9999141693115234e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(y, n);
-}
-
-/* max over s[0, n), NaN when any is NaN (16 partial maxima). */
-static float row_max_amx(const float *s, int64_t n) {
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    __mmask16 nan = 0;
-    for (int64_t j = 0; j < n; j += 16) {
-        const __mmask16 k = mask16(n - j);
-        const __m512 x = _mm512_maskz_loadu_ps(k, s + j);
-        nan |= _mm512_mask_cmp_ps_mask(k, x, x, _CMP_UNORD_Q);
-        mx = _mm512_mask_max_ps(mx, k, mx, x);
-    }
-    return nan ? NAN : _mm512_reduce_max_ps(mx);
-}
-
-/* p = bf16(exp(s * scale - m)), -0.0 where s * scale is -inf, 16 at a
- * time, by vcvtneps2bf16 (round to nearest even: mha_float_to_bf16's bits
- * for normal values, zero, -0.0 and NaN; it reads denormals as 0, and
- * exp_bf16_softmax's results below 2^-126 weigh nothing beside the row
- * sum >= 1); returns the sum of the float32 values. */
-static float row_exp_bf16_amx(const float *s, int64_t n, float scale, float m, uint16_t *p) {
-    const __m512 ninf = _mm512_set1_ps(-INFINITY), vm = _mm512_set1_ps(m);
-    const __m512 sign = _mm512_set1_ps(-0.0f), vs = _mm512_set1_ps(scale);
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t j = 0; j < n; j += 16) {
-        const __mmask16 k = mask16(n - j);
-        const __m512 x = _mm512_mul_ps(_mm512_mask_loadu_ps(ninf, k, s + j), vs);
-        __m512 e = exp_bf16_softmax(_mm512_sub_ps(x, vm));
-        e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, ninf, _CMP_EQ_OQ), sign); /* masked */
-        sum = _mm512_add_ps(sum, e);
-        const __m256bh h = _mm512_cvtneps_pbh(e);
-        __m256i bits;
-        memcpy(&bits, &h, sizeof bits);
-        _mm256_mask_storeu_epi16(p + j, k, bits);
-    }
-    return _mm512_reduce_add_ps(sum);
-}
-
 const mha_flash_bf16 mha_flash_bf16_amx = {
     .name = "amx",
     .d2_align = TR,
     .tile_qk = qk_amx,
     .tile_pv = pv_amx,
-    .row_max = row_max_amx,
-    .row_exp_bf16 = row_exp_bf16_amx,
+    .row_max = mha_flash_row_max_avx512,
+    .row_exp_bf16 = mha_flash_row_exp_bf16_avx512,
     .tiles_on = tiles_on_amx,
     .tiles_off = tiles_off_amx,
 };

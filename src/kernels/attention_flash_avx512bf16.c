@@ -1,52 +1,49 @@
 /* attention_flash_avx512bf16.c - the fused attention's Q.K^T and P.V tile
- * products on bf16 pairs with vdpbf16ps (AVX512_BF16).
+ * products on bf16 pairs with vdpbf16ps (AVX512_BF16), whole query tiles at
+ * a time, and the softmax pass that writes P as bf16 (shared with the AMX
+ * products, attention_flash_amx.c).
  *
  * Letter legend and packed layouts: see attention_flash.h (MR = 6 query
  * rows, NR = 16 columns = 1 ZMM of float32 or of bf16 pairs, BC keys per
  * block, d2 = ceil(d/2), dvp = dv rounded to NR).  The driver
  * (attention_flash.c) packs bf16 q tiles and K blocks as pairs along d and
- * bf16 V blocks as pairs along the key axis, once per block; everything else
- * (softmax, masks, the output) is the float32 path of
- * attention_flash_avx512.c.  Compiled with AVX512BF16_FLAGS; only reached
- * after mha_avx512_bf16_runs() (natively, or emulated in the test library).
+ * bf16 V blocks as pairs along the key axis, once per block, and the
+ * softmax below writes P's bf16 rows, which are pairs along the key axis as
+ * they stand; masks, the running statistics and the output are the float32
+ * path of attention_flash_avx512.c.  Compiled with AVX512BF16_FLAGS; only
+ * reached after mha_avx512_bf16_runs() (natively, or emulated in the test
+ * library).
  *
  * Precision: a product of two bf16 values (8-bit significands) is exact in
  * float32, and vdpbf16ps adds it in float32 (ref: Intel SDM, VDPBF16PS:
  * two FMAs per lane, odd pair element first, round to nearest even,
  * denormal inputs read as 0 and denormal results flushed), so Q.K^T differs
  * from the float32 loops on the widened values only by the order of the
- * float32 sums, and so does P.V, P being rounded to bf16 before (the
- * rounding rule of attention_flash.c), which makes its conversion to pairs
- * exact.  Values below 2^-126 count as 0: far below the bf16 tolerances.
+ * float32 sums, and so does P.V, P being rounded to bf16 (the rounding rule
+ * of attention_flash.c).  Values below 2^-126 count as 0: far below the
+ * bf16 tolerances.
  *
- * Register blocking: as the float32 loops, 6 rows x 2 panels = 12 ZMM
- * accumulators; per step 2 aligned 64-byte panel loads (16 columns x one
- * pair each), 6 broadcasts of a 32-bit pair and 12 vdpbf16ps: 768 FLOPs,
- * twice the float32 step's 384 for the same instruction count, with half
- * the bytes of packed K/V streamed (a d = 128 K block is 32 KB, not 64).
- * An odd last panel takes a 6 x 1 ZMM block.  P's conversion to pairs is
- * done once per call for all column panels (a 6 x BC/2 pair buffer on the
- * stack, vcvtne2ps2bf16 on masked loads, which also zero-pads odd n).
- *
- * Expected on Zen 4 (not measured here: this machine has no AVX-512 and
- * emulated timings mean nothing): vdpbf16ps zmm sustains one per cycle,
- * 64 FLOPs, i.e. 233 GFLOP/s per core against 116 for float32 FMA (issue
- * 16); its latency (about 6 cycles) is covered by the 12 independent
- * accumulators, and 8 loads per 12 dot instructions stay under the load
- * ports' rate.  So both tile products should run near 2x the float32 loops;
- * the softmax (exp, max, rescale) is unchanged, so the whole forward gains
- * less - about 1.5x at d = 64 and 1.7x at d = 128 by the products' share of
- * the float32 forward - to be measured on an AVX512_BF16 machine with
- * `mha bench`.
+ * Register blocking: 6 rows x up to 4 panels = 24 ZMM accumulators (as the
+ * float32 block6_avx512); per step 4 aligned 64-byte panel loads (16
+ * columns x one pair each), 6 broadcasts of a 32-bit pair and 24 vdpbf16ps:
+ * 1536 FLOPs, twice the float32 step for the same instruction count, on half
+ * the packed bytes.  Leftover panels take 6 x 2 and 6 x 1 blocks, and the
+ * last rows of a tile a 4- or 2-row block (the driver pads tiles to 16 rows,
+ * so an odd row count reads one zero row more).  Measured on Zen 4 (one
+ * core): vdpbf16ps zmm sustains about 210 GFLOP/s, 2x its float32 FMA loop
+ * (`build/dot_peak`); the two products then run near that rate and the
+ * softmax is the rest of the time (docs/performance.md).
  */
 #include "attention_flash.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <string.h>
 
 #include "simd_avx512.h"
 
-enum { MR = MHA_FLASH_MR, NR = MHA_FLASH_NR, BC = MHA_FLASH_BC };
+enum { MR = MHA_FLASH_MR, NR = MHA_FLASH_NR, BC = MHA_FLASH_BC, PANELS = 4 };
+_Static_assert(MR == 6, "the row blocks below are 6, 4 and 2 rows");
 
 /* A vector of 32 bf16 (16 pairs) from integer lanes: the same 64 bytes. */
 static inline __m512bh as_bh(__m512i x) {
@@ -55,77 +52,160 @@ static inline __m512bh as_bh(__m512i x) {
     return r;
 }
 
-/* The register block: c (MR, np*NR) rows ld ldc = (acc: c +, else 0 +)
- * a (MR, steps) pairs rows ld lda . b, np = 1 or 2 panels of (steps, NR)
- * pairs bstep pairs apart.  Inlined with a constant np, the 6 x np
- * accumulators live in ZMM registers (GCC unrolls the r and u loops). */
+/* The register block: c (nr, np*NR) rows ld ldc = (acc: c +, else 0 +)
+ * a (nr, steps) pairs rows ld lda . b, np panels of (steps, NR) pairs
+ * bstep pairs apart.  Inlined with constant nr <= MR and np <= PANELS, the
+ * nr x np accumulators live in ZMM registers. */
 static inline __attribute__((always_inline)) void dot_block(float *c, int64_t ldc, bool acc,
                                                             const uint32_t *a, int64_t lda,
                                                             const uint32_t *b, int64_t bstep,
-                                                            int64_t steps, const int np) {
-    __m512 x[MR][2];
+                                                            int64_t steps, const int nr,
+                                                            const int np) {
+    __m512 x[MR][PANELS];
 #pragma GCC unroll 6
-    for (int r = 0; r < MR; r++)
-#pragma GCC unroll 2
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 4
         for (int u = 0; u < np; u++)
             x[r][u] = acc ? _mm512_loadu_ps(c + r * ldc + u * NR) : _mm512_setzero_ps();
     for (int64_t t = 0; t < steps; t++) {
-        __m512bh bv[2];
-#pragma GCC unroll 2
+        __m512bh bv[PANELS];
+#pragma GCC unroll 4
         for (int u = 0; u < np; u++)
             bv[u] = as_bh(_mm512_load_si512(b + u * bstep + t * NR));
 #pragma GCC unroll 6
-        for (int r = 0; r < MR; r++) {
+        for (int r = 0; r < nr; r++) {
             const __m512bh av = as_bh(_mm512_set1_epi32((int)a[r * lda + t]));
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int u = 0; u < np; u++)
                 x[r][u] = _mm512_dpbf16_ps(x[r][u], av, bv[u]);
         }
     }
 #pragma GCC unroll 6
-    for (int r = 0; r < MR; r++)
-#pragma GCC unroll 2
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 4
         for (int u = 0; u < np; u++)
             _mm512_storeu_ps(c + r * ldc + u * NR, x[r][u]);
 }
 
-/* s (MR, npanels*NR) = q (MR, d2) pairs . kp^T (npanels, d2, NR) pairs */
-static void qk_bf16_avx512(float *s, int64_t lds, const uint32_t *q, int64_t ldq,
-                           const uint32_t *kp, int64_t d2, int64_t npanels) {
+/* nr rows (6, 4 or 2) x npanels panels of one product, 4 panels at a time;
+ * the arguments as dot_block's, the panels bstep pairs apart. */
+static inline __attribute__((always_inline)) void dot_rows(float *c, int64_t ldc, bool acc,
+                                                           const uint32_t *a, int64_t lda,
+                                                           const uint32_t *b, int64_t bstep,
+                                                           int64_t steps, int64_t npanels,
+                                                           const int nr) {
     int64_t p = 0;
-    for (; p + 2 <= npanels; p += 2)
-        dot_block(s + p * NR, lds, false, q, ldq, kp + p * d2 * NR, d2 * NR, d2, 2);
+    for (; p + 4 <= npanels; p += 4)
+        dot_block(c + p * NR, ldc, acc, a, lda, b + p * bstep, bstep, steps, nr, 4);
+    if (p + 2 <= npanels) {
+        dot_block(c + p * NR, ldc, acc, a, lda, b + p * bstep, bstep, steps, nr, 2);
+        p += 2;
+    }
     if (p < npanels)
-        dot_block(s + p * NR, lds, false, q, ldq, kp + p * d2 * NR, d2 * NR, d2, 1);
+        dot_block(c + p * NR, ldc, acc, a, lda, b + p * bstep, bstep, steps, nr, 1);
 }
 
-/* pp (MR, BC/2) pairs = p (MR, n) rows ld ldp as bf16, zero past n: 32
- * values per vcvtne2ps2bf16 (lanes 0..15 from its second operand).  Exact
- * for values already rounded to bf16; a -0.0f mark stays -0 (adds 0). */
-static void p_to_pairs(uint32_t pp[MR][BC / 2], const float *p, int64_t ldp, int64_t n) {
-    for (int r = 0; r < MR; r++)
-        for (int64_t j = 0; j < n; j += 32) {
-            const float *pr = p + r * ldp + j;
-            const __m512 lo = _mm512_maskz_loadu_ps(mask16(n - j), pr);
-            const __m512 hi = n - j > 16 ? _mm512_maskz_loadu_ps(mask16(n - j - 16), pr + 16)
-                                         : _mm512_setzero_ps();
-            const __m512bh b = _mm512_cvtne2ps_pbh(hi, lo);
-            memcpy(&pp[r][j / 2], &b, sizeof b);
-        }
+/* All rows of a tile, round_up(rows, 2) of them (the driver's padding
+ * rows are zeros): blocks of 6 rows, then one of 4 or 2. */
+static void dot_tile(float *c, int64_t ldc, bool acc, const uint32_t *a, int64_t lda,
+                     const uint32_t *b, int64_t bstep, int64_t steps, int64_t npanels,
+                     int64_t rows) {
+    const int64_t rows2 = rows + (rows & 1);
+    int64_t r = 0;
+    for (; r + MR <= rows2; r += MR)
+        dot_rows(c + r * ldc, ldc, acc, a + r * lda, lda, b, bstep, steps, npanels, MR);
+    if (rows2 - r == 4)
+        dot_rows(c + r * ldc, ldc, acc, a + r * lda, lda, b, bstep, steps, npanels, 4);
+    else if (rows2 - r == 2)
+        dot_rows(c + r * ldc, ldc, acc, a + r * lda, lda, b, bstep, steps, npanels, 2);
 }
 
-/* o (MR, dvp) += p (MR, n) . vp (dvp/NR, BC/2, NR) pairs */
-static void pv_bf16_avx512(float *o, int64_t ldo, const float *p, int64_t ldp,
-                           const uint32_t *vp, int64_t n, int64_t dvp) {
-    _Alignas(64) uint32_t pp[MR][BC / 2];
-    p_to_pairs(pp, p, ldp, n);
-    const int64_t n2 = (n + 1) / 2, np = dvp / NR, vstep = (BC / 2) * NR;
-    int64_t cp = 0;
-    for (; cp + 2 <= np; cp += 2)
-        dot_block(o + cp * NR, ldo, true, &pp[0][0], BC / 2, vp + cp * vstep, vstep, n2, 2);
-    if (cp < np)
-        dot_block(o + cp * NR, ldo, true, &pp[0][0], BC / 2, vp + cp * vstep, vstep, n2, 1);
+/* s (rows, npanels*NR) rows ld lds = q (rows, d2) pairs rows ld ldq .
+ * kp^T (npanels, d2, NR) pairs. */
+static void qk_bf16_avx512(float *s, int64_t lds, const uint32_t *q, int64_t ldq,
+                           const uint32_t *kp, int64_t d2, int64_t npanels, int64_t rows) {
+    dot_tile(s, lds, false, q, ldq, kp, d2 * NR, d2, npanels, rows);
+}
+
+/* o (rows, dvp) rows ld ldo += p (rows, n) bf16 rows ld ldp . vp (dvp/NR,
+ * BC/2, NR) pairs; a bf16 row is pairs along the key axis as it stands (ldp
+ * even), and p is zero from n to the next 32. */
+static void pv_bf16_avx512(float *o, int64_t ldo, const uint16_t *p, int64_t ldp,
+                           const uint32_t *vp, int64_t n, int64_t dvp, int64_t rows) {
+    const uint32_t *pp = (const uint32_t *)(const void *)p;
+    dot_tile(o, ldo, true, pp, ldp / 2, vp, (BC / 2) * NR, (n + 1) / 2, dvp / NR, rows);
+}
+
+/* 2^t for the softmax of P that is then rounded to bf16 (8 significant
+ * bits): t = n + r with n = floor(t) and r in [0, 1) from one vreduceps,
+ * 2^r by a degree-5 polynomial (minimax for the relative error on [0, 1),
+ * fitted in float64), 2^n by vscalefps, which also takes t = -inf to 0 and
+ * very negative t to 0 or a denormal without a clamp (NaN propagates): 8
+ * vector operations, where exp_softmax512's e^x (simd_avx512.h) takes 13
+ * with the scaling it needs before.  Measured against exp2 in float64 for
+ * t in [-126, 0], and through row_exp_bf16 against exp(s - m) (steps of
+ * 1e-5 over [-87, 0]; the folded log2(e) costs the difference): relative
+ * error <= 1.5e-7 and 3.9e-6, against bf16's 2^-9 = 2e-3 rounding step
+ * that follows.  Degree 4 (2.7e-6 and 6.5e-6) was no faster and flipped
+ * twice as many of those roundings against expf (0.034% of P's values
+ * where degree 5 flips 0.015%), which
+ * attention_bf16dot_single_block_is_tight sees.  On Zen 4 this pass runs
+ * in about 0.24 ns an element on one core, the previous one (e^x, 10
+ * operations, a clamp and a separate scaling) in 0.33. */
+static inline __m512 exp2_bf16_softmax(__m512 t) {
+    const __m512 r = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 y = _mm512_fmadd_ps(_mm512_set1_ps(1.877576578e-3f), r, _mm512_set1_ps(8.989340626e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.582631752e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(2.401536107e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(6.931530833e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(9.999999404e-1f));
+    return _mm512_scalef_ps(y, t);
+}
+
+/* max over s[0, n), NaN when any is NaN (16 partial maxima). */
+float MHA_AVX512_SYMBOL(mha_flash_row_max_avx512)(const float *s, int64_t n) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    __mmask16 nan = 0;
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = mask16(n - j);
+        const __m512 x = _mm512_maskz_loadu_ps(k, s + j);
+        nan |= _mm512_mask_cmp_ps_mask(k, x, x, _CMP_UNORD_Q);
+        mx = _mm512_mask_max_ps(mx, k, mx, x);
+    }
+    return nan ? NAN : _mm512_reduce_max_ps(mx);
+}
+
+/* p = bf16(exp(s * scale - m)), -0.0 where s * scale is -inf, 16 at a
+ * time: t = (s * scale - m) * log2(e) as one FMA on folded constants, then
+ * exp2_bf16_softmax, rounded by vcvtneps2bf16 (round to nearest even:
+ * mha_float_to_bf16's bits for normal values, zero, -0.0 and NaN; it reads
+ * denormals as 0, and results below 2^-126 weigh nothing beside the row
+ * sum >= 1); returns the sum of the float32 values. */
+float MHA_AVX512_SYMBOL(mha_flash_row_exp_bf16_avx512)(const float *s, int64_t n, float scale,
+                                                      float m, uint16_t *p) {
+    const float log2e = 1.44269504088896341f;
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), sign = _mm512_set1_ps(-0.0f);
+    const __m512 c = _mm512_set1_ps(scale * log2e), cm = _mm512_set1_ps(m * log2e);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = mask16(n - j);
+        const __m512 t = _mm512_fmsub_ps(_mm512_mask_loadu_ps(ninf, k, s + j), c, cm);
+        const __mmask16 live = _mm512_cmp_ps_mask(t, ninf, _CMP_NEQ_UQ); /* -inf: masked */
+        const __m512 e = _mm512_mask_mov_ps(sign, live, exp2_bf16_softmax(t));
+        sum = _mm512_add_ps(sum, e);
+        const __m256bh h = _mm512_cvtneps_pbh(e);
+        __m256i bits;
+        memcpy(&bits, &h, sizeof bits);
+        _mm256_mask_storeu_epi16(p + j, k, bits);
+    }
+    return _mm512_reduce_add_ps(sum);
 }
 
 const mha_flash_bf16 MHA_AVX512_SYMBOL(mha_flash_bf16_avx512) = {
-    .name = "avx512bf16", .qk = qk_bf16_avx512, .pv = pv_bf16_avx512};
+    .name = "avx512bf16",
+    .d2_align = 1,
+    .tile_qk = qk_bf16_avx512,
+    .tile_pv = pv_bf16_avx512,
+    .row_max = MHA_AVX512_SYMBOL(mha_flash_row_max_avx512),
+    .row_exp_bf16 = MHA_AVX512_SYMBOL(mha_flash_row_exp_bf16_avx512),
+};

@@ -1,18 +1,20 @@
-/* test_attention_bf16dot.c - the avx512 kernel's bf16 products: the
- * dot-product loops (attention_flash_avx512bf16.c: Q.K^T and P.V on bf16
- * pairs, vdpbf16ps) and the AMX tile products (attention_flash_amx.c,
- * tdpbf16ps; natively only, skipped without AMX).  mha_sdpa_forward runs
- * whichever mha_flash_bf16_pick() takes on this CPU.
+/* test_attention_bf16dot.c - the avx512 kernel's bf16 tile products: the
+ * vdpbf16ps ones (attention_flash_avx512bf16.c: Q.K^T and P.V on bf16
+ * pairs) and the AMX ones (attention_flash_amx.c, tdpbf16ps; natively only,
+ * skipped without AMX).  mha_sdpa_forward runs whichever
+ * mha_flash_bf16_pick() takes on this CPU.
  *
  * Letter legend: B batch, Hq query heads, Hkv kv heads, L query length,
  * S key length, d head dim of q/k, dv head dim of v; d2 = ceil(d/2) pairs.
  *
- * The loops run natively on AVX512_BF16 CPUs and emulated elsewhere (the
- * test library's _emu twins, tests/emu/avx512_emulation.h); without either
- * the tests report themselves skipped.  Rules:
- *   the two loops alone     vs float64 sums of the same bf16 values, within
- *                           2e-6 of the sum of |terms| (exact products,
- *                           float32 sums); garbage past n never read;
+ * The vdpbf16ps products run natively on AVX512_BF16 CPUs and emulated
+ * elsewhere (the test library's _emu twins, tests/emu/avx512_emulation.h);
+ * without either the tests report themselves skipped.  Rules:
+ *   each table's products   vs float64 sums of the same bf16 values, within
+ *   alone                   2e-6 of the sum of |terms| (exact products,
+ *                           float32 sums), rows 1..96; garbage past n, past
+ *                           the panels and past the padded rows never read
+ *                           or written;
  *   mha_sdpa_forward        bf16 q, k, v on MHA_KERNEL_AVX512 vs the
  *                           reference on the same tensors (which rounds P
  *                           as the fused kernels do): <= 2e-3 relative
@@ -21,9 +23,10 @@
  *                           and float32 q, k with bf16 v the same; the
  *                           last two also within 2e-5 of the avx2 kernel,
  *                           which widens the same values and rounds P by the
- *                           same rule (with both loops on pairs a score's
+ *                           same rule (with both products on pairs a score's
  *                           last bit can move P's rounding: 2e-3 there, and
- *                           for bf16 v on AMX, whose softmax has its own exp);
+ *                           for bf16 v, whose softmax then has its own exp,
+ *                           row_exp_bf16);
  *   threads 1, 2, 3         bit-identical.
  * The worst errors are printed.
  */
@@ -36,8 +39,8 @@
 
 enum { NR = MHA_FLASH_NR, MR = MHA_FLASH_MR, BC = MHA_FLASH_BC };
 
-/* The bf16 loops wherever they run (emulated, or a CPU with AVX512_BF16,
- * fast or not), or NULL (the test then skips). */
+/* The vdpbf16ps tile products wherever they run (emulated, or a CPU with
+ * AVX512_BF16, fast or not), or NULL (the test then skips). */
 static const mha_flash_bf16 *bf16_loops(void) {
     const mha_flash_bf16 *dot =
         mha_avx512_bf16_runs() ? MHA_AVX512_PICK(mha_flash_bf16_avx512) : NULL;
@@ -47,100 +50,6 @@ static const mha_flash_bf16 *bf16_loops(void) {
 }
 
 static uint16_t bf16_of(float x) { return mha_float_to_bf16(x); }
-
-TEST(attention_bf16dot_loops_match_float64) {
-    const mha_flash_bf16 *dot = bf16_loops();
-    if (!dot)
-        return;
-    /* qk: q (MR, d2) pairs, kp (npanels, d2, NR) pairs */
-    const int64_t d2s[] = {1, 2, 3, 8, 17, 40, 64};
-    double worst = 0.0;
-    for (size_t t = 0; t < sizeof d2s / sizeof *d2s; t++)
-        for (int64_t np = 1; np <= 3; np++) {
-            const int64_t d2 = d2s[t], ldq = d2 + 1, lds = BC;
-            uint32_t *q = calloc((size_t)(MR * ldq), 4);
-            uint32_t *kp = aligned_alloc(64, (size_t)(np * d2 * NR) * 4);
-            float *s = malloc(sizeof(float) * MR * BC), *rq = malloc(sizeof(float) * MR * ldq * 2);
-            float *rk = malloc(sizeof(float) * (size_t)(np * d2 * NR * 2));
-            test_randn(rq, (size_t)(MR * ldq * 2), 10 + (uint64_t)t);
-            test_randn(rk, (size_t)(np * d2 * NR * 2), 20 + (uint64_t)t);
-            for (int64_t i = 0; i < MR * ldq; i++)
-                q[i] = bf16_of(rq[2 * i]) | (uint32_t)bf16_of(rq[2 * i + 1]) << 16;
-            for (int64_t i = 0; i < np * d2 * NR; i++)
-                kp[i] = bf16_of(rk[2 * i]) | (uint32_t)bf16_of(rk[2 * i + 1]) << 16;
-            for (int i = 0; i < MR * BC; i++)
-                s[i] = NAN; /* columns past np*NR must stay untouched */
-            dot->qk(s, lds, q, ldq, kp, d2, np);
-            for (int r = 0; r < MR; r++)
-                for (int64_t j = 0; j < BC; j++) {
-                    if (j >= np * NR) {
-                        CHECK(isnan(s[r * lds + j]));
-                        continue;
-                    }
-                    double want = 0.0, mag = 0.0;
-                    for (int64_t c = 0; c < 2 * d2; c++) {
-                        const uint32_t qa = q[r * ldq + c / 2], ka = kp[(j / NR) * d2 * NR +
-                                                                        (c / 2) * NR + j % NR];
-                        const double x = (double)mha_bf16_to_float((uint16_t)(qa >> (16 * (c % 2)))) *
-                                         (double)mha_bf16_to_float((uint16_t)(ka >> (16 * (c % 2))));
-                        want += x, mag += fabs(x);
-                    }
-                    const double e = fabs((double)s[r * lds + j] - want) / (mag > 1 ? mag : 1);
-                    worst = e > worst ? e : worst;
-                    if (!(e <= 2e-6) && test_failures() < 3)
-                        test_fail(__FILE__, __LINE__, "qk d2 %lld np %lld (%d,%lld): %.9g vs %.9g",
-                                  (long long)d2, (long long)np, r, (long long)j, s[r * lds + j],
-                                  want);
-                }
-            free(q), free(kp), free(s), free(rq), free(rk);
-        }
-    /* pv: o (MR, dvp) += p (MR, n) . vp (dvp/NR, BC/2, NR) pairs */
-    const int64_t ns[] = {1, 2, 15, 16, 17, 31, 32, 33, 63, 100, 127, 128};
-    double worst_pv = 0.0;
-    for (size_t t = 0; t < sizeof ns / sizeof *ns; t++)
-        for (int64_t dvp = NR; dvp <= 3 * NR; dvp += NR) {
-            const int64_t n = ns[t], ldp = BC, ldo = dvp + 16;
-            float *p = malloc(sizeof(float) * MR * BC), *o = malloc(sizeof(float) * MR * ldo);
-            float *o0 = malloc(sizeof(float) * MR * ldo);
-            float *rv = malloc(sizeof(float) * (size_t)(dvp * BC));
-            uint32_t *vp = aligned_alloc(64, (size_t)(dvp * BC / 2) * 4);
-            test_randn(p, MR * BC, 30 + (uint64_t)t);
-            test_randn(o0, (size_t)(MR * ldo), 40 + (uint64_t)t);
-            test_randn(rv, (size_t)(dvp * BC), 50 + (uint64_t)t);
-            for (int i = 0; i < MR * BC; i++) {
-                const int64_t j = i % BC;
-                /* bf16 values in [0, 1], some -0.0 masks; NaN past n */
-                p[i] = j >= n ? NAN : i % 7 == 3 ? -0.0f : mha_bf16_to_float(bf16_of(fabsf(p[i]) / 4));
-            }
-            for (int64_t i = 0; i < dvp * BC / 2; i++)
-                vp[i] = bf16_of(rv[2 * i]) | (uint32_t)bf16_of(rv[2 * i + 1]) << 16;
-            memcpy(o, o0, sizeof(float) * MR * (size_t)ldo);
-            dot->pv(o, ldo, p, ldp, vp, n, dvp);
-            for (int r = 0; r < MR; r++)
-                for (int64_t c = 0; c < ldo; c++) {
-                    if (c >= dvp) {
-                        CHECK(memcmp(&o[r * ldo + c], &o0[r * ldo + c], 4) == 0);
-                        continue;
-                    }
-                    double want = o0[r * ldo + c], mag = fabs(want);
-                    for (int64_t j = 0; j < n; j++) {
-                        const uint32_t va = vp[(c / NR) * (BC / 2) * NR + (j / 2) * NR + c % NR];
-                        const double x = (double)p[r * ldp + j] *
-                                         (double)mha_bf16_to_float((uint16_t)(va >> (16 * (j % 2))));
-                        want += x, mag += fabs(x);
-                    }
-                    const double e = fabs((double)o[r * ldo + c] - want) / (mag > 1 ? mag : 1);
-                    worst_pv = e > worst_pv ? e : worst_pv;
-                    if (!(e <= 2e-6) && test_failures() < 3)
-                        test_fail(__FILE__, __LINE__, "pv n %lld dvp %lld (%d,%lld): %.9g vs %.9g",
-                                  (long long)n, (long long)dvp, r, (long long)c, o[r * ldo + c],
-                                  want);
-                }
-            free(p), free(o), free(o0), free(rv), free(vp);
-        }
-    printf("  %s loops vs float64: qk %.2e, pv %.2e of the sum of |terms| (bound 2e-6)\n",
-           dot->name, worst, worst_pv);
-}
 
 /* bf16 pairs of 2n float32 values: x[2i] low, x[2i+1] high. */
 static void to_pairs(uint32_t *dst, const float *x, int64_t n) {
@@ -160,36 +69,46 @@ static bool near_sum(double got, double want, double mag, double *worst) {
     return e <= 2e-6;
 }
 
-/* The AMX tile products (attention_flash_amx.c) alone, against float64 sums
- * of the same bf16 values as the register-block loops above, with whole
- * 16-row tiles: rows past `rows` are scratch, columns past npanels*NR (qk)
- * and past dvp (pv) and p past n are never touched or read. */
-TEST(attention_amx_tiles_match_float64) {
-    if (!mha_cpu_has_amx_bf16())
-        SKIP("AMX bf16 tile products: this CPU (or OS) has no AMX-BF16 tiles");
-    const mha_flash_bf16 *amx = &mha_flash_bf16_amx;
+static void tiles_on(const mha_flash_bf16 *dot) {
+    if (dot->tiles_on)
+        dot->tiles_on();
+}
+
+static void tiles_off(const mha_flash_bf16 *dot) {
+    if (dot->tiles_off)
+        dot->tiles_off();
+}
+
+/* One table's tile products alone (tiles_on/off around them), against
+ * float64 sums of the same bf16 values, with whole 16-row tiles: rows past
+ * `rows` are scratch, columns past npanels*NR (qk) and past dvp (pv), rows
+ * past rows16 and p past n are never touched or read. */
+static void check_tile_products(const mha_flash_bf16 *dot) {
     enum { BR = MHA_FLASH_BR };
+    const int64_t al = dot->d2_align;
     const int64_t rowss[] = {1, 15, 16, 17, 50, 96};
+    /* d2 as the driver pads it: a multiple of d2_align */
+    const int64_t d2s[] = {1, 2, 3, 8, 17, 40, 64};
     double worst = 0.0, worst_pv = 0.0;
-    /* qk: q (rows16, d2) pairs, kp (npanels, d2, NR) pairs, d2 % 16 == 0 */
+    /* qk: q (rows16, d2) pairs, kp (npanels, d2, NR) pairs */
     for (size_t ri = 0; ri < sizeof rowss / sizeof *rowss; ri++)
-        for (int64_t d2 = 16; d2 <= 64; d2 += 16)
+        for (size_t di = 0; di < sizeof d2s / sizeof *d2s; di++)
             for (int64_t np = 1; np <= 8; np += np < 3 ? 1 : 5) {
-                const int64_t rows = rowss[ri], lds = BC;
+                const int64_t rows = rowss[ri], lds = BC, d2 = (d2s[di] + al - 1) / al * al;
                 uint32_t *q = aligned_alloc(64, (size_t)(BR * d2) * 4);
                 uint32_t *kp = aligned_alloc(64, (size_t)(np * d2 * NR) * 4);
                 float *s = malloc(sizeof(float) * BR * BC);
                 float *rq = malloc(sizeof(float) * BR * d2 * 2);
                 float *rk = malloc(sizeof(float) * (size_t)(np * d2 * NR * 2));
-                test_randn(rq, (size_t)(BR * d2 * 2), 60 + (uint64_t)(ri + d2));
+                test_randn(rq, (size_t)(BR * d2 * 2), 60 + (uint64_t)(ri + di));
                 test_randn(rk, (size_t)(np * d2 * NR * 2), 70 + (uint64_t)np);
                 to_pairs(q, rq, BR * d2);
                 to_pairs(kp, rk, np * d2 * NR);
                 for (int i = 0; i < BR * BC; i++)
                     s[i] = NAN;
-                amx->tiles_on();
-                amx->tile_qk(s, lds, q, d2, kp, d2, np, rows);
-                amx->tiles_off();
+                tiles_on(dot);
+                dot->tile_qk(s, lds, q, d2, kp, d2, np, rows);
+                tiles_off(dot);
                 const int64_t rows16 = (rows + 15) / 16 * 16;
                 for (int64_t r = 0; r < BR; r++)
                     for (int64_t j = 0; j < BC; j++) {
@@ -207,8 +126,8 @@ TEST(attention_amx_tiles_match_float64) {
                         }
                         if (!near_sum(s[r * lds + j], want, mag, &worst) && test_failures() < 3)
                             test_fail(__FILE__, __LINE__,
-                                      "amx qk rows %lld d2 %lld np %lld (%lld,%lld): %.9g vs %.9g",
-                                      (long long)rows, (long long)d2, (long long)np, (long long)r,
+                                      "%s qk rows %lld d2 %lld np %lld (%lld,%lld): %.9g vs %.9g",
+                                      dot->name, (long long)rows, (long long)d2, (long long)np, (long long)r,
                                       (long long)j, s[r * lds + j], want);
                     }
                 free(q), free(kp), free(s), free(rq), free(rk);
@@ -244,9 +163,9 @@ TEST(attention_amx_tiles_match_float64) {
                                                                                 : bf16_of(p[i]);
                 }
                 memcpy(o, o0, sizeof(float) * BR * (size_t)ldo);
-                amx->tiles_on();
-                amx->tile_pv(o, ldo, pb, ldp, vp, n, dvp, rows);
-                amx->tiles_off();
+                tiles_on(dot);
+                dot->tile_pv(o, ldo, pb, ldp, vp, n, dvp, rows);
+                tiles_off(dot);
                 free(pb);
                 for (int64_t r = 0; r < BR; r++)
                     for (int64_t c = 0; c < ldo; c++) {
@@ -263,14 +182,26 @@ TEST(attention_amx_tiles_match_float64) {
                         }
                         if (!near_sum(o[r * ldo + c], want, mag, &worst_pv) && test_failures() < 3)
                             test_fail(__FILE__, __LINE__,
-                                      "amx pv rows %lld n %lld dvp %lld (%lld,%lld): %.9g vs %.9g",
-                                      (long long)rows, (long long)n, (long long)dvp, (long long)r,
+                                      "%s pv rows %lld n %lld dvp %lld (%lld,%lld): %.9g vs %.9g",
+                                      dot->name, (long long)rows, (long long)n, (long long)dvp, (long long)r,
                                       (long long)c, o[r * ldo + c], want);
                     }
                 free(p), free(o), free(o0), free(rv), free(vp);
             }
-    printf("  amx tiles vs float64: qk %.2e, pv %.2e of the sum of |terms| (bound 2e-6)\n", worst,
-           worst_pv);
+    printf("  %s tile products vs float64: qk %.2e, pv %.2e of the sum of |terms| (bound 2e-6)\n",
+           dot->name, worst, worst_pv);
+}
+
+TEST(attention_bf16dot_tiles_match_float64) {
+    const mha_flash_bf16 *dot = bf16_loops();
+    if (dot)
+        check_tile_products(dot);
+}
+
+TEST(attention_amx_tiles_match_float64) {
+    if (!mha_cpu_has_amx_bf16())
+        SKIP("AMX bf16 tile products: this CPU (or OS) has no AMX-BF16 tiles");
+    check_tile_products(&mha_flash_bf16_amx);
 }
 
 /* ---- mha_sdpa_forward on bf16 tensors ------------------------------------- */
@@ -419,7 +350,6 @@ TEST(attention_bf16dot_matches_reference) {
      * (the same running max): only float32 sums differ from the bf16 loops */
     const bool avx2 = test_kernel_runs(MHA_KERNEL_AVX2);
     const mha_flash_bf16 *pick = mha_flash_bf16_pick();
-    const bool own_exp = pick && pick->row_exp_bf16;
     double worst[3] = {0, 0, 0}, worst2[3] = {0, 0, 0};
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
         const bcase *c = &cases[ci];
@@ -444,11 +374,11 @@ TEST(attention_bf16dot_matches_reference) {
             if (!avx2)
                 continue;
             REQUIRE_OK(run(&w2, c, &x, q, k, v, MHA_KERNEL_AVX2));
-            /* one loop on pairs: the scores or P equal, float32 sums only;
+            /* Q.K^T alone on pairs: the scores equal but for float32 sums;
              * both: a score's last bit can move P's bf16 rounding by an ulp,
-             * and so can the AMX softmax's own exp (a last-bit difference
+             * and so can the tile products' own exp (a last-bit difference
              * from the float32 loops' exp) with P.V alone on tiles */
-            const double tol2 = mix == 1 || (mix == 2 && !own_exp) ? 2e-5 : 2e-3;
+            const double tol2 = mix == 1 ? 2e-5 : 2e-3;
             const double e2 = bout_err(&y, &w2, c);
             worst2[mix] = e2 > worst2[mix] ? e2 : worst2[mix];
             if (!(e2 <= tol2))
@@ -463,7 +393,7 @@ TEST(attention_bf16dot_matches_reference) {
                pick ? pick->name : "none, widened", worst[mix]);
         if (avx2)
             printf(", vs avx2 widening %.2e (bound %.0e)", worst2[mix],
-                   mix == 1 || (mix == 2 && !own_exp) ? 2e-5 : 2e-3);
+                   mix == 1 ? 2e-5 : 2e-3);
         printf("\n");
     }
 }

@@ -651,10 +651,10 @@ static mha_status attend(float *ctx, int64_t ld_ctx, const float *qkv, int64_t L
                          int64_t H, mha_tensor *weights, float *scratch) {
     const int64_t dh = D / H;
     if (!weights && mha_kernel_resolve(MHA_KERNEL_AUTO) == MHA_KERNEL_AVX512)
-        return mha_attn_short_f32_avx512(ctx, ld_ctx, qkv, qkv + D, qkv + 2 * D, 3 * D, L, H,
-                                         dh, 1.0f / sqrtf((float)dh), scratch);
+        return mha_attn_short_f32_avx512(ctx, ld_ctx, qkv, qkv + D, qkv + 2 * D, 3 * D, L, L,
+                                         H, dh, 1.0f / sqrtf((float)dh), scratch);
     if (!weights && kernels_are_simd() && mha_attn_short_avx2_fits(dh)) {
-        mha_attn_short_f32_avx2(ctx, ld_ctx, qkv, qkv + D, qkv + 2 * D, 3 * D, L, H, dh,
+        mha_attn_short_f32_avx2(ctx, ld_ctx, qkv, qkv + D, qkv + 2 * D, 3 * D, L, L, H, dh,
                                 1.0f / sqrtf((float)dh), scratch);
         return MHA_OK;
     }

@@ -136,32 +136,6 @@ static void pv_bf16_avx512(float *o, int64_t ldo, const uint16_t *p, int64_t ldp
     dot_tile(o, ldo, true, pp, ldp / 2, vp, (BC / 2) * NR, (n + 1) / 2, dvp / NR, rows);
 }
 
-/* 2^t for the softmax of P that is then rounded to bf16 (8 significant
- * bits): t = n + r with n = floor(t) and r in [0, 1) from one vreduceps,
- * 2^r by a degree-5 polynomial (minimax for the relative error on [0, 1),
- * fitted in float64), 2^n by vscalefps, which also takes t = -inf to 0 and
- * very negative t to 0 or a denormal without a clamp (NaN propagates): 8
- * vector operations, where exp_softmax512's e^x (simd_avx512.h) takes 13
- * with the scaling it needs before.  Measured against exp2 in float64 for
- * t in [-126, 0], and through row_exp_bf16 against exp(s - m) (steps of
- * 1e-5 over [-87, 0]; the folded log2(e) costs the difference): relative
- * error <= 1.5e-7 and 3.9e-6, against bf16's 2^-9 = 2e-3 rounding step
- * that follows.  Degree 4 (2.7e-6 and 6.5e-6) was no faster and flipped
- * twice as many of those roundings against expf (0.034% of P's values
- * where degree 5 flips 0.015%), which
- * attention_bf16dot_single_block_is_tight sees.  On Zen 4 this pass runs
- * in about 0.24 ns an element on one core, the previous one (e^x, 10
- * operations, a clamp and a separate scaling) in 0.33. */
-static inline __m512 exp2_bf16_softmax(__m512 t) {
-    const __m512 r = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m512 y = _mm512_fmadd_ps(_mm512_set1_ps(1.877576578e-3f), r, _mm512_set1_ps(8.989340626e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.582631752e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(2.401536107e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(6.931530833e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(9.999999404e-1f));
-    return _mm512_scalef_ps(y, t);
-}
-
 /* max over s[0, n), NaN when any is NaN (16 partial maxima). */
 float MHA_AVX512_SYMBOL(mha_flash_row_max_avx512)(const float *s, int64_t n) {
     __m512 mx = _mm512_set1_ps(-INFINITY);
@@ -177,8 +151,8 @@ float MHA_AVX512_SYMBOL(mha_flash_row_max_avx512)(const float *s, int64_t n) {
 
 /* p = bf16(exp(s * scale - m)), -0.0 where s * scale is -inf, 16 at a
  * time: t = (s * scale - m) * log2(e) as one FMA on folded constants, then
- * exp2_bf16_softmax, rounded by vcvtneps2bf16 (round to nearest even:
- * mha_float_to_bf16's bits for normal values, zero, -0.0 and NaN; it reads
+ * exp2_softmax512 (simd_avx512.h), rounded by vcvtneps2bf16 (round to
+ * nearest even: mha_float_to_bf16's bits for normal values, zero, -0.0 and NaN; it reads
  * denormals as 0, and results below 2^-126 weigh nothing beside the row
  * sum >= 1); returns the sum of the float32 values. */
 float MHA_AVX512_SYMBOL(mha_flash_row_exp_bf16_avx512)(const float *s, int64_t n, float scale,
@@ -191,7 +165,7 @@ float MHA_AVX512_SYMBOL(mha_flash_row_exp_bf16_avx512)(const float *s, int64_t n
         const __mmask16 k = mask16(n - j);
         const __m512 t = _mm512_fmsub_ps(_mm512_mask_loadu_ps(ninf, k, s + j), c, cm);
         const __mmask16 live = _mm512_cmp_ps_mask(t, ninf, _CMP_NEQ_UQ); /* -inf: masked */
-        const __m512 e = _mm512_mask_mov_ps(sign, live, exp2_bf16_softmax(t));
+        const __m512 e = _mm512_mask_mov_ps(sign, live, exp2_softmax512(t));
         sum = _mm512_add_ps(sum, e);
         const __m256bh h = _mm512_cvtneps_pbh(e);
         __m256i bits;

@@ -10,6 +10,7 @@
  * kernel, so it favours clarity over speed.
  */
 #include "../internal.h"
+#include "attention_short.h"
 #include "attention_bias.h"
 #include "convert.h"
 
@@ -183,5 +184,7 @@ size_t mha_attn_scratch_bound(int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int
     const int nthreads = mha_threads();
     size_t ref = sizeof(double) * (size_t)(S > 0 ? S : 1) * (size_t)nthreads;
     size_t flash = mha_attn_flash_scratch_bound(B, Hkv, S, d, dv, nthreads);
-    return ref > flash ? ref : flash;
+    size_t rows = mha_attn_short_scratch_bound(S, d, nthreads); /* d = dv there */
+    size_t most = ref > flash ? ref : flash;
+    return rows > most ? rows : most;
 }

@@ -1,14 +1,16 @@
-/* attention_short.c - the short-text attention's workspace size, its
- * reference (the plain loop, one head and one query row at a time) and the
- * avx512 dispatch (see attention_short.h).  Letters: L tokens, H heads, d head width. */
+/* attention_short.c - the whole-row attention's workspace size, its
+ * reference (the plain loop, one head and one query row at a time), the
+ * avx512 dispatch and the driver that serves mha_sdpa_forward's plain
+ * problems with it (see attention_short.h).  Letters: L query rows, S keys,
+ * H heads, d head width; B batch, Hq query heads, Hkv kv heads. */
 #include "attention_short.h"
 
 #include <math.h>
 
-int64_t mha_attn_short_ws_floats(int64_t L, int64_t d) {
-    /* avx2: K^T (d, L rounded to 8) and 4 score rows; avx512: K^T (d, L
+int64_t mha_attn_short_ws_floats(int64_t S, int64_t d) {
+    /* avx2: K^T (d, S rounded to 8) and 4 score rows; avx512: K^T (d, S
      * rounded to 16) and 8 score rows, the larger; the reference: 1 row */
-    const int64_t Lp8 = (L + 7) / 8 * 8, Lp16 = (L + 15) / 16 * 16;
+    const int64_t Lp8 = (S + 7) / 8 * 8, Lp16 = (S + 15) / 16 * 16;
     const int64_t avx2 = (d + 4) * Lp8 + 8, avx512 = (d + 8) * Lp16;
     return avx2 > avx512 ? avx2 : avx512;
 }
@@ -18,22 +20,92 @@ bool mha_attn_short_avx2_fits(int64_t d) {
 }
 
 mha_status mha_attn_short_f32_avx512(float *ctx, int64_t ldo, const float *q, const float *k,
-                                     const float *v, int64_t ld, int64_t L, int64_t H,
-                                     int64_t d, float scale, float *ws) {
+                                     const float *v, int64_t ld, int64_t L, int64_t S,
+                                     int64_t H, int64_t d, float scale, float *ws) {
     MHA_TRY(mha_avx512_check());
-    (*MHA_AVX512_PICK(mha_attn_short_avx512_loop))(ctx, ldo, q, k, v, ld, L, H, d, scale, ws);
+    (*MHA_AVX512_PICK(mha_attn_short_avx512_loop))(ctx, ldo, q, k, v, ld, L, S, H, d, scale,
+                                                   ws);
+    return MHA_OK;
+}
+
+/* ---- mha_sdpa_forward's plain problems ---------------------------------------- */
+
+bool mha_attn_short_serves(const mha_attn_problem *p) {
+    const mha_tensor *t[4] = {&p->q, &p->k, &p->v, &p->o};
+    for (int i = 0; i < 4; i++)
+        if (t[i]->dtype != MHA_F32 || t[i]->stride[3] != 1)
+            return false;
+    const bool plain = !p->mask.data && !p->kpm.data && p->causal == MHA_CAUSAL_NONE &&
+                       !p->dropout && !p->attn_weights.data && p->softcap <= 0.0f &&
+                       !p->window && !p->kv_len.data && !p->alibi.data && !p->sinks.data &&
+                       !p->lse.data && !p->qk.data && !p->softmax_f64 && !p->onnx_scale;
+    const bool shaped = p->L == p->S && p->d == p->dv && p->q.stride[2] == p->k.stride[2] &&
+                        p->k.stride[2] == p->v.stride[2];
+    /* one head's K^T and V in half of a 1 MiB L2, or the d <= 64 rows
+     * measured faster up to 4096 keys (attention_short.h) */
+    const bool fits = p->S * p->d <= 65536 || (p->d <= 64 && p->S <= 4096);
+    return plain && shaped && fits;
+}
+
+/* Workspace floats of one thread, a whole number of 64-byte lines. */
+static int64_t thread_floats(int64_t S, int64_t d) {
+    return (mha_attn_short_ws_floats(S, d) + 15) / 16 * 16;
+}
+
+size_t mha_attn_short_scratch_bound(int64_t S, int64_t d, int nthreads) {
+    return sizeof(float) * (size_t)thread_floats(S, d) * (size_t)nthreads;
+}
+
+/* Query rows per item: whole heads when there are enough of them for the
+ * threads (mha_chunk_items_wanted), else pieces of a multiple of 8 rows
+ * (the avx512 loop's blocks; each item gathers its head's K^T, 1/(2 rows)
+ * of its FMAs). */
+static int64_t rows_per_item(const mha_attn_problem *p, int nthreads) {
+    const int64_t heads = p->B * p->Hq, want = mha_chunk_items_wanted(nthreads);
+    if (heads >= want)
+        return p->L;
+    const int64_t pieces = (want + heads - 1) / heads;
+    const int64_t rows = ((p->L + pieces - 1) / pieces + 7) / 8 * 8;
+    return rows < 64 ? 64 : rows;
+}
+
+mha_status mha_attn_short_run(const mha_attn_problem *p, mha_attn_short_fn fn) {
+    const int nthreads = mha_threads();
+    const size_t need = mha_attn_short_scratch_bound(p->S, p->d, nthreads);
+    const bool planned = p->scratch && p->scratch_bytes >= need;
+    float *buf = planned ? p->scratch : mha_malloc(need);
+    if (!buf)
+        return mha_error(MHA_ERR_NOMEM, "attention: cannot allocate %zu bytes of workspace",
+                         need);
+    const int64_t rows = rows_per_item(p, nthreads), pieces = (p->L + rows - 1) / rows;
+    const int64_t items = p->B * p->Hq * pieces, G = p->Hq / p->Hkv, ld = p->q.stride[2];
+    const float *q = p->q.data, *k = p->k.data, *v = p->v.data;
+    float *o = p->o.data;
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
+    for (int64_t t = 0; t < items; t++) {
+        const int64_t b = t / (p->Hq * pieces), h = t / pieces % p->Hq, hk = h / G;
+        const int64_t i0 = t % pieces * rows, n = p->L - i0 < rows ? p->L - i0 : rows;
+        const int64_t qo = b * p->q.stride[0] + h * p->q.stride[1] + i0 * ld;
+        const int64_t ko = b * p->k.stride[0] + hk * p->k.stride[1];
+        const int64_t vo = b * p->v.stride[0] + hk * p->v.stride[1];
+        const int64_t oo = b * p->o.stride[0] + h * p->o.stride[1] + i0 * p->o.stride[2];
+        fn(o + oo, p->o.stride[2], q + qo, k + ko, v + vo, ld, n, p->S, 1, p->d, p->scale,
+           buf + (size_t)mha_thread_index() * (size_t)thread_floats(p->S, p->d));
+    }
+    if (!planned)
+        mha_free(buf);
     return MHA_OK;
 }
 
 void mha_attn_short_f32_ref(float *ctx, int64_t ldo, const float *q, const float *k,
-                            const float *v, int64_t ld, int64_t L, int64_t H, int64_t d,
-                            float scale, float *ws) {
-    float *s = ws; /* (L) scores of one query row */
+                            const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
+                            int64_t d, float scale, float *ws) {
+    float *s = ws; /* (S) scores of one query row */
     for (int64_t h = 0; h < H; h++) {
         for (int64_t i = 0; i < L; i++) {
             const float *qi = q + i * ld + h * d;
             float m = -INFINITY;
-            for (int64_t j = 0; j < L; j++) {
+            for (int64_t j = 0; j < S; j++) {
                 const float *kj = k + j * ld + h * d;
                 float dot = 0.0f;
                 for (int64_t c = 0; c < d; c++)
@@ -42,14 +114,14 @@ void mha_attn_short_f32_ref(float *ctx, int64_t ldo, const float *q, const float
                 m = s[j] > m ? s[j] : m;
             }
             float l = 0.0f;
-            for (int64_t j = 0; j < L; j++) {
+            for (int64_t j = 0; j < S; j++) {
                 s[j] = expf(s[j] - m);
                 l += s[j];
             }
             float *o = ctx + i * ldo + h * d;
             for (int64_t c = 0; c < d; c++) {
                 float acc = 0.0f;
-                for (int64_t j = 0; j < L; j++)
+                for (int64_t j = 0; j < S; j++)
                     acc += s[j] * v[j * ld + h * d + c];
                 o[c] = acc / l;
             }

@@ -1,50 +1,72 @@
-/* attention_short.h - self-attention of one short text without masks, the
- * trained encoder's case (src/bert.c): every query sees every key.
+/* attention_short.h - attention without masks whose whole key row is kept:
+ * the trained encoder's self-attention of one short text (src/bert.c), and
+ * mha_sdpa_forward's plain problems up to a few thousand keys
+ * (mha_attn_short_serves).
  *
- * Letters: L tokens of the text, H heads, d head width (D = H d).
+ * Letters: L query rows, S keys, H heads, d head width (D = H d).
  *   ctx[i, h d + c] = sum_j p[h][i][j] v[j, h d + c],
  *   p[h][i][:] = softmax_j(scale * sum_c q[i, h d + c] k[j, h d + c])
- * q, k, v, ctx are (L, H d) row-major with rows ld apart (ldo for ctx):
- * q, k and v can be column blocks of one (L, 3D) buffer.
+ * q is (L, H d), k and v (S, H d), row-major with rows ld apart (ldo for
+ * ctx): q, k and v can be column blocks of one (L, 3D) buffer.
  *
- * Why not mha_sdpa_forward: at L ~ 40 and d = 32 its tiles (96 x 128),
- * per-call planning and packing cost more than the products; this kernel
- * keeps one text's K^T for one head (d x L floats) and goes row by row.
+ * Why not the flash driver (attention_flash.c): its tiles (96 x 128), its
+ * per-call planning, the packing of K and V and the online softmax of every
+ * 128-key block cost more than they save while one head's K^T and V stay in
+ * the caches.  This kernel keeps one head's K^T (d x S) and a block of whole
+ * score rows, reads v in place and runs each softmax once, on the whole row.
+ * Measured on Zen 4 (docs/performance.md, "Whole rows"): 1.2-1.7x the flash
+ * driver from L = 64 to 1024 at d = 32 and 64, level with it at d = 128
+ * and S d = 65536, behind it beyond.
  * The reference (_ref) is the plain loop; tests/unit/test_attention_short.c
  * checks it against mha_sdpa_forward and the avx2 and avx512 kernels
  * against it.
- * Neither allocates: ws holds mha_attn_short_ws_floats(L, d) floats.
+ * Neither allocates: ws holds mha_attn_short_ws_floats(S, d) floats.
  */
 #ifndef MHA_KERNELS_ATTENTION_SHORT_H
 #define MHA_KERNELS_ATTENTION_SHORT_H
 
 #include "../internal.h"
 
-/* Workspace floats for a text of L tokens and head width d. */
-int64_t mha_attn_short_ws_floats(int64_t L, int64_t d);
+/* Workspace floats for S keys and head width d. */
+int64_t mha_attn_short_ws_floats(int64_t S, int64_t d);
 
 /* True when the avx2 kernel takes head width d (a multiple of 8, <= 64). */
 bool mha_attn_short_avx2_fits(int64_t d);
 
 void mha_attn_short_f32_ref(float *ctx, int64_t ldo, const float *q, const float *k,
-                            const float *v, int64_t ld, int64_t L, int64_t H, int64_t d,
-                            float scale, float *ws);
+                            const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
+                            int64_t d, float scale, float *ws);
 /* Only after a CPU check and mha_attn_short_avx2_fits(d). */
 void mha_attn_short_f32_avx2(float *ctx, int64_t ldo, const float *q, const float *k,
-                             const float *v, int64_t ld, int64_t L, int64_t H, int64_t d,
-                             float scale, float *ws);
+                             const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
+                             int64_t d, float scale, float *ws);
 
 /* The kernel's signature, for the avx512 loop's exported pointer. */
 typedef void (*mha_attn_short_fn)(float *ctx, int64_t ldo, const float *q, const float *k,
-                                  const float *v, int64_t ld, int64_t L, int64_t H, int64_t d,
-                                  float scale, float *ws);
+                                  const float *v, int64_t ld, int64_t L, int64_t S,
+                                  int64_t H, int64_t d, float scale, float *ws);
 /* The AVX-512 loop (attention_short_avx512.c; any d >= 1): taken only by
  * mha_attn_short_f32_avx512 with MHA_AVX512_PICK. */
 MHA_AVX512_DECLARE(mha_attn_short_fn, mha_attn_short_avx512_loop);
 /* The same problem on the avx512 loop; MHA_ERR_UNSUPPORTED (naming AVX-512,
  * ctx untouched) unless mha_avx512_runs(). */
 mha_status mha_attn_short_f32_avx512(float *ctx, int64_t ldo, const float *q, const float *k,
-                                     const float *v, int64_t ld, int64_t L, int64_t H,
-                                     int64_t d, float scale, float *ws);
+                                     const float *v, int64_t ld, int64_t L, int64_t S,
+                                     int64_t H, int64_t d, float scale, float *ws);
+
+/* True when the avx512 loop serves p better than the flash driver: float32
+ * q, k, v and out with unit column strides and one row stride for q, k and
+ * v, d = dv, L = S, no mask, bias, causal masking, dropout, weights, LSE,
+ * sinks or ONNX outputs; and S d <= 65536 (one head's K^T and V, 512 KiB,
+ * in half of a 1 MiB L2), or d <= 64 and S <= 4096 (measured: see
+ * attention_short.h's top). */
+bool mha_attn_short_serves(const mha_attn_problem *p);
+/* p (mha_attn_short_serves) on fn: items of (batch, query head, rows), as
+ * many as the threads want; the caller's scratch when it is large enough,
+ * else an allocation.  Bits depend on neither the threads nor the items. */
+mha_status mha_attn_short_run(const mha_attn_problem *p, mha_attn_short_fn fn);
+/* Bytes of the workspace mha_attn_short_run takes for S keys, head width d
+ * and nthreads threads (part of mha_attn_scratch_bound). */
+size_t mha_attn_short_scratch_bound(int64_t S, int64_t d, int nthreads);
 
 #endif /* MHA_KERNELS_ATTENTION_SHORT_H */

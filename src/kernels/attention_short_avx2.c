@@ -83,15 +83,15 @@ static float softmax_row(float *s, int64_t L, int64_t Lp) {
 }
 
 void mha_attn_short_f32_avx2(float *ctx, int64_t ldo, const float *q, const float *k,
-                             const float *v, int64_t ld, int64_t L, int64_t H, int64_t d,
-                             float scale, float *ws) {
-    const int64_t Lp = (L + 7) / 8 * 8;
-    float *kt = ws, *S = ws + d * Lp; /* K^T (d, Lp), scores (4, Lp) */
+                             const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
+                             int64_t d, float scale, float *ws) {
+    const int64_t Lp = (S + 7) / 8 * 8;
+    float *kt = ws, *sc = ws + d * Lp; /* K^T (d, Lp), scores (4, Lp) */
     const __m256 vscale = _mm256_set1_ps(scale);
     for (int64_t h = 0; h < H; h++) {
         for (int64_t j = 0; j < Lp; j++)
             for (int64_t c = 0; c < d; c++)
-                kt[c * Lp + j] = j < L ? k[j * ld + h * d + c] : 0.0f;
+                kt[c * Lp + j] = j < S ? k[j * ld + h * d + c] : 0.0f;
         for (int64_t i0 = 0; i0 < L; i0 += 4) {
             const int64_t rows = L - i0 < 4 ? L - i0 : 4;
             const float *qr[4];
@@ -106,15 +106,15 @@ void mha_attn_short_f32_avx2(float *ctx, int64_t ldo, const float *q, const floa
                     a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(qr[2] + c), kv, a2);
                     a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(qr[3] + c), kv, a3);
                 }
-                _mm256_storeu_ps(S + jb, _mm256_mul_ps(a0, vscale));
-                _mm256_storeu_ps(S + Lp + jb, _mm256_mul_ps(a1, vscale));
-                _mm256_storeu_ps(S + 2 * Lp + jb, _mm256_mul_ps(a2, vscale));
-                _mm256_storeu_ps(S + 3 * Lp + jb, _mm256_mul_ps(a3, vscale));
+                _mm256_storeu_ps(sc + jb, _mm256_mul_ps(a0, vscale));
+                _mm256_storeu_ps(sc + Lp + jb, _mm256_mul_ps(a1, vscale));
+                _mm256_storeu_ps(sc + 2 * Lp + jb, _mm256_mul_ps(a2, vscale));
+                _mm256_storeu_ps(sc + 3 * Lp + jb, _mm256_mul_ps(a3, vscale));
             }
             for (int64_t r = 0; r < rows; r++) {
-                float *s = S + r * Lp;
-                const float l = softmax_row(s, L, Lp);
-                pv_row_any(ctx + (i0 + r) * ldo + h * d, s, v + h * d, ld, L, l, d);
+                float *s = sc + r * Lp;
+                const float l = softmax_row(s, S, Lp);
+                pv_row_any(ctx + (i0 + r) * ldo + h * d, s, v + h * d, ld, S, l, d);
             }
         }
     }

@@ -1,14 +1,17 @@
-/* attention_short_avx512.c - the short-text attention (attention_short.h)
- * with AVX-512 (F/DQ/BW/VL).  Letters: L tokens, H heads, d head width (any
- * d >= 1), Lp = L rounded up to 16 (one ZMM of keys), R = 8 query rows.
+/* attention_short_avx512.c - the whole-row attention (attention_short.h)
+ * with AVX-512 (F/DQ/BW/VL).  Letters: L query rows, S keys, H heads, d
+ * head width (any d >= 1), Lp = S rounded up to 16 (one ZMM of keys), R = 8
+ * query rows.
  * Compiled with AVX512_FLAGS; reached only through mha_attn_short_f32_avx512
  * (attention_short.c), after mha_avx512_runs() - natively or emulated.
  *
- * Per head: K^T (d, Lp) is gathered once (zeros past L).  Per block of R = 8
+ * Per head: K^T (d, Lp) is gathered once (zeros past S).  Per block of R = 8
  * query rows:
- *   S (8, Lp) = scale * q K^T       (mm_block: A = the q rows, B = K^T)
+ *   sc (8, Lp) = scale * q K^T      (mm_block: A = the q rows, B = K^T)
  *   per row  p = exp(s - max s), l = sum p   (16 keys a vector, the last
- *            one under a mask: keys past L are neither maxed nor summed)
+ *            one under a mask: keys past S are neither maxed nor summed;
+ *            an -inf score, from an infinite q or k, marks its key -0.0
+ *            and the row's P V is redone skipping it, as the reference)
  *   ctx (8, d) = P V / l            (mm_block: A = the P rows, B = the v
  *            rows read in place, the last head column vector under a mask)
  *
@@ -27,14 +30,17 @@
  * the encoder's L = 128 (and 40, 64, ...) is a whole number of blocks, and
  * 16 accumulators leave room for the broadcasts.
  *
- * Memory: one head's K^T and V (L d floats each, 16 KB at L = 128, d = 32)
- * and S (8 Lp) stay in L1 for the whole head.  The gather of K^T is d L
- * scalar moves per head, 1/L of the FMAs.
+ * Memory: one head's K^T and V (S d floats each, 16 KB at S = 128, d = 32)
+ * and sc (8 Lp) stay in L1 for the whole head.  K^T is gathered by 16 x 16
+ * register transposes (transpose16_ps): 64 shuffles per 256 floats, where
+ * scalar moves took 11% of the time at L = 128, d = 32 (perf, Zen 4).
  *
  * Every value depends only on the text (sums in a fixed order: c, then j):
- * bits do not depend on the batch or the threads.  exp is exp_softmax512
- * (max relative error 1.9e-7); the avx2 kernel's exp256 has 1-2 ulp, so
- * the two kernels agree within the tests' bound, not bit for bit.
+ * bits do not depend on the batch or the threads.  The scores come out of
+ * Q K^T times scale log2(e), so the softmax's e^x is exp2_softmax512's
+ * 2^t (simd_avx512.h, relative error 1.5e-7; 8 operations against
+ * exp_softmax512's 13); the avx2 kernel's exp256 has 1-2 ulp, so the two
+ * kernels agree within the tests' bound, not bit for bit.
  */
 #include "attention_short.h"
 
@@ -104,51 +110,104 @@ static void mm_rows(float *const c[R], const float *const a[R], const float *b, 
     }
 }
 
-/* s (L) = exp(s - max s) in place; returns the sum.  s has Lp floats; the
- * lanes past L are left alone (the P V product reads only keys < L). */
-static float softmax_row(float *s, int64_t L) {
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int64_t j = 0; j < L; j += NV) {
-        const __mmask16 k = mask16(L - j);
+/* s (S) = 2^(s - max s) in place (s: scores times log2(e), so this is the
+ * softmax's e^x), -0.0f (the mark of a skipped key) where s is -inf;
+ * returns the sum and sets *skips when some key is marked.  s has Sp
+ * floats; the lanes past S are left alone (the P V product reads only keys
+ * < S). */
+static float softmax_row(float *s, int64_t S, bool *skips) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), sign = _mm512_set1_ps(-0.0f);
+    __m512 mx = ninf;
+    for (int64_t j = 0; j < S; j += NV) {
+        const __mmask16 k = mask16(S - j);
         mx = _mm512_mask_max_ps(mx, k, mx, _mm512_maskz_loadu_ps(k, s + j));
     }
     const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
     __m512 sum = _mm512_setzero_ps();
-    for (int64_t j = 0; j < L; j += NV) {
-        const __mmask16 k = mask16(L - j);
-        const __m512 e = _mm512_maskz_mov_ps(
-            k, exp_softmax512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm)));
+    __mmask16 marked = 0;
+    for (int64_t j = 0; j < S; j += NV) {
+        const __mmask16 k = mask16(S - j);
+        const __m512 x = _mm512_maskz_loadu_ps(k, s + j);
+        const __mmask16 neg = _mm512_mask_cmp_ps_mask(k, x, ninf, _CMP_EQ_OQ);
+        const __m512 e = _mm512_mask_mov_ps(
+            _mm512_maskz_mov_ps(k, exp2_softmax512(_mm512_sub_ps(x, vm))), neg, sign);
         _mm512_mask_storeu_ps(s + j, k, e);
         sum = _mm512_add_ps(sum, e);
+        marked |= neg;
     }
+    *skips = marked != 0;
     return _mm512_reduce_add_ps(sum);
+}
+
+/* o (dv) = sum over the unmarked keys j < S of p[j] v[j ld] / l: a row
+ * with an -inf score (an infinite q or k) as the reference computes it, a
+ * skipped key never multiplied by zero (its v may be inf or NaN); 0 when
+ * every key is marked.  Rare: plain scalar loops. */
+static void pv_row_skipping(float *o, const float *p, const float *v, int64_t ld, int64_t S,
+                            int64_t dv, float l) {
+    bool any = false;
+    for (int64_t c = 0; c < dv; c++)
+        o[c] = 0.0f;
+    for (int64_t j = 0; j < S; j++) {
+        if (p[j] == 0.0f && signbit(p[j]))
+            continue;
+        any = true;
+        for (int64_t c = 0; c < dv; c++)
+            o[c] += p[j] * v[j * ld + c];
+    }
+    for (int64_t c = 0; any && c < dv; c++)
+        o[c] /= l;
+}
+
+/* kt (d, Sp) = K^T of k (S, d) rows ld apart, zeros for the keys S..Sp:
+ * 16 x 16 blocks by transpose16_ps, partial ones under masks. */
+static void gather_kt(float *kt, int64_t Sp, const float *k, int64_t ld, int64_t S, int64_t d) {
+    for (int64_t j0 = 0; j0 < Sp; j0 += NV)
+        for (int64_t c0 = 0; c0 < d; c0 += NV) {
+            const __mmask16 cols = mask16(d - c0);
+            __m512 r[NV];
+#pragma GCC unroll 16
+            for (int j = 0; j < NV; j++)
+                r[j] = j0 + j < S ? _mm512_maskz_loadu_ps(cols, k + (j0 + j) * ld + c0)
+                                  : _mm512_setzero_ps();
+            transpose16_ps(r);
+            const int64_t nc = d - c0;
+#pragma GCC unroll 16
+            for (int c = 0; c < NV; c++)
+                if (c < nc)
+                    _mm512_storeu_ps(kt + (c0 + c) * Sp + j0, r[c]);
+        }
 }
 
 /* The kernel (attention_short.h's signature; ws: mha_attn_short_ws_floats). */
 static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const float *k,
-                              const float *v, int64_t ld, int64_t L, int64_t H, int64_t d,
-                              float scale, float *ws) {
-    const int64_t Lp = (L + NV - 1) / NV * NV;
-    float *kt = ws, *S = ws + d * Lp; /* K^T (d, Lp), scores (R, Lp) */
+                              const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
+                              int64_t d, float scale, float *ws) {
+    const int64_t Lp = (S + NV - 1) / NV * NV;
+    /* scores in log2 units: the softmax's e^(x) is 2^(x log2 e) */
+    const float scale2 = scale * 1.44269504088896341f;
+    float *kt = ws, *sc = ws + d * Lp; /* K^T (d, Lp), scores (R, Lp) */
     for (int64_t h = 0; h < H; h++) {
-        for (int64_t j = 0; j < Lp; j++)
-            for (int64_t c = 0; c < d; c++)
-                kt[c * Lp + j] = j < L ? k[j * ld + h * d + c] : 0.0f;
+        gather_kt(kt, Lp, k + h * d, ld, S, d);
         for (int64_t i0 = 0; i0 < L; i0 += R) {
             const int rows = L - i0 < R ? (int)(L - i0) : R;
             const float *qr[R], *pr[R];
             float *sr[R], *orow[R], l[R];
+            bool skips[R];
             for (int r = 0; r < R; r++) { /* rows past the text repeat row 0 */
                 const int64_t i = i0 + (r < rows ? r : 0);
                 qr[r] = q + i * ld + h * d;
-                sr[r] = S + (r < rows ? r : 0) * Lp;
+                sr[r] = sc + (r < rows ? r : 0) * Lp;
                 pr[r] = sr[r];
                 orow[r] = ctx + i * ldo + h * d;
             }
-            mm_rows(sr, qr, kt, Lp, d, Lp, rows, &scale, 0);
+            mm_rows(sr, qr, kt, Lp, d, Lp, rows, &scale2, 0);
             for (int r = 0; r < rows; r++)
-                l[r] = softmax_row(sr[r], L);
-            mm_rows(orow, pr, v + h * d, ld, L, d, rows, l, 1);
+                l[r] = softmax_row(sr[r], S, &skips[r]);
+            mm_rows(orow, pr, v + h * d, ld, S, d, rows, l, 1);
+            for (int r = 0; r < rows; r++)
+                if (skips[r])
+                    pv_row_skipping(orow[r], sr[r], v + h * d, ld, S, d, l[r]);
         }
     }
 }

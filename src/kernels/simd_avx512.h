@@ -78,6 +78,42 @@ static inline __mmask16 mask16(int64_t n) {
     return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
 }
 
+/* r (16 x 16) transposed in place: r[i] lane j becomes r[j] lane i.  64
+ * shuffles: 32-bit and 64-bit interleaves within the 128-bit lanes, then
+ * two rounds of 128-bit lane shuffles (0x88 takes lanes 0 and 2 of each
+ * source, 0xdd lanes 1 and 3). */
+static inline __attribute__((always_inline)) void transpose16_ps(__m512 r[16]) {
+    __m512 a[16], b[16], c[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) { /* a[2i], a[2i+1]: rows 2i, 2i+1 interleaved */
+        a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) { /* b[4i+m] lane l: rows 4i..4i+3 of column 4l+m */
+        const __m512d x0 = _mm512_castps_pd(a[4 * i]), x1 = _mm512_castps_pd(a[4 * i + 1]);
+        const __m512d x2 = _mm512_castps_pd(a[4 * i + 2]), x3 = _mm512_castps_pd(a[4 * i + 3]);
+        b[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(x0, x2));
+        b[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x0, x2));
+        b[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(x1, x3));
+        b[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(x1, x3));
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; m++) { /* c[4m..4m+3]: the 128-bit lanes regrouped */
+        c[4 * m] = _mm512_shuffle_f32x4(b[m], b[4 + m], 0x88);
+        c[4 * m + 1] = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], 0x88);
+        c[4 * m + 2] = _mm512_shuffle_f32x4(b[m], b[4 + m], 0xdd);
+        c[4 * m + 3] = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], 0xdd);
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; m++) { /* column 4l + m = row 4l + m of the result */
+        r[m] = _mm512_shuffle_f32x4(c[4 * m], c[4 * m + 1], 0x88);
+        r[8 + m] = _mm512_shuffle_f32x4(c[4 * m], c[4 * m + 1], 0xdd);
+        r[4 + m] = _mm512_shuffle_f32x4(c[4 * m + 2], c[4 * m + 3], 0x88);
+        r[12 + m] = _mm512_shuffle_f32x4(c[4 * m + 2], c[4 * m + 3], 0xdd);
+    }
+}
+
 /* e^x for the softmax's x = s - m <= 0, or NaN (which propagates): the
  * polynomial of exp_softmax256 (attention_flash_avx2.c; max relative error
  * 1.9e-7), with 2^n applied by vscalefps.  x is clamped at -87, so e^x >=
@@ -97,6 +133,33 @@ static inline __m512 exp_softmax512(__m512 x) {
     const __m512 y =
         _mm512_fmadd_ps(q, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(y, n);
+}
+
+/* 2^t for a softmax (t <= 0, -inf or NaN), written for P rounded to bf16
+ * (attention_flash_avx512bf16.c) and taken by the float32 whole-row kernel
+ * (attention_short_avx512.c): t = n + r with n = floor(t) and r in [0, 1)
+ * from one vreduceps, 2^r by a degree-5 polynomial (minimax for the
+ * relative error on [0, 1), fitted in float64), 2^n by vscalefps, which
+ * also takes t = -inf to 0 and very negative t to 0 or a denormal without
+ * a clamp (NaN propagates): 8 vector operations, where exp_softmax512's
+ * e^x (above) takes 13 with the scaling it needs before.  Measured against
+ * exp2 in float64 for t in [-126, 0], and through row_exp_bf16 against
+ * exp(s - m) (steps of 1e-5 over [-87, 0]; the folded log2(e) costs the
+ * difference): relative error <= 1.5e-7 and 3.9e-6, against bf16's 2^-9 =
+ * 2e-3 rounding step that follows.  Degree 4 (2.7e-6 and 6.5e-6) was no
+ * faster and flipped twice as many of those roundings against expf (0.034%
+ * of P's values where degree 5 flips 0.015%), which
+ * attention_bf16dot_single_block_is_tight sees.  On Zen 4 the bf16 pass
+ * runs in about 0.24 ns an element on one core, the previous one (e^x, 10
+ * operations, a clamp and a separate scaling) in 0.33. */
+static inline __m512 exp2_softmax512(__m512 t) {
+    const __m512 r = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 y = _mm512_fmadd_ps(_mm512_set1_ps(1.877576578e-3f), r, _mm512_set1_ps(8.989340626e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.582631752e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(2.401536107e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(6.931530833e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(9.999999404e-1f));
+    return _mm512_scalef_ps(y, t);
 }
 
 /* exp(x) over the whole float range (and NaN): exp256's Cephes expf

@@ -3,6 +3,11 @@
  * (the library's attention, itself checked against PyTorch), and the avx2
  * and avx512 kernels against the reference.
  *
+ * Then mha_sdpa_forward's plain problems on the avx512 loop
+ * (mha_attn_short_serves): odd shapes, GQA and interleaved heads against
+ * the reference kernel, bits across threads, what is not served, and
+ * -inf scores.
+ *
  * Letters: L tokens, H heads, d head width.  q, k, v are column blocks of
  * one (L, 3 H d + 5) buffer as in the encoder; ctx rows H d + 3 apart with
  * guard values in the gaps.  Shapes: L in {1, 2, 7, 8, 9, 37, 100, 256}
@@ -20,6 +25,8 @@
 
 #include "internal.h" /* mha_avx512_runs, mha_cpu_has_avx512 */
 #include "kernels/attention_short.h"
+
+#include <string.h>
 
 #define GUARD 777.0f
 
@@ -85,7 +92,7 @@ TEST(attention_short_ref_matches_sdpa) {
                 short_case c;
                 case_make(&c, L, H, d, seed++);
                 mha_attn_short_f32_ref(c.got, c.ldo, c.qkv, c.qkv + H * d, c.qkv + 2 * H * d,
-                                       c.ld, L, H, d, 1.0f / sqrtf((float)d), c.ws);
+                                       c.ld, L, L, H, d, 1.0f / sqrtf((float)d), c.ws);
                 /* the same problem as (1, H, L, d) strided views for SDPA */
                 mha_tensor q = {c.qkv, MHA_F32, 4, {1, H, L, d}, {L * c.ld, d, c.ld, 1}};
                 mha_tensor kk = q, v = q;
@@ -114,9 +121,9 @@ TEST(attention_short_avx2_matches_ref) {
                 case_make(&c, L, H, d, seed++);
                 const float scale = 1.0f / sqrtf((float)d);
                 mha_attn_short_f32_ref(c.want, c.ldo, c.qkv, c.qkv + H * d, c.qkv + 2 * H * d,
-                                       c.ld, L, H, d, scale, c.ws);
+                                       c.ld, L, L, H, d, scale, c.ws);
                 mha_attn_short_f32_avx2(c.got, c.ldo, c.qkv, c.qkv + H * d, c.qkv + 2 * H * d,
-                                        c.ld, L, H, d, scale, c.ws);
+                                        c.ld, L, L, H, d, scale, c.ws);
                 compare(&c, "avx2 vs ref");
                 case_free(&c);
             }
@@ -130,9 +137,9 @@ static mha_status run_on(short_kernel kernel, short_case *c, float scale) {
     const int64_t D = c->H * c->d;
     if (kernel == ON_AVX512)
         return mha_attn_short_f32_avx512(c->got, c->ldo, c->qkv, c->qkv + D, c->qkv + 2 * D,
-                                         c->ld, c->L, c->H, c->d, scale, c->ws);
+                                         c->ld, c->L, c->L, c->H, c->d, scale, c->ws);
     mha_attn_short_f32_avx2(c->got, c->ldo, c->qkv, c->qkv + D, c->qkv + 2 * D, c->ld, c->L,
-                            c->H, c->d, scale, c->ws);
+                            c->L, c->H, c->d, scale, c->ws);
     return MHA_OK;
 }
 
@@ -185,7 +192,7 @@ TEST(attention_short_avx512_matches_ref) {
                 case_make_ld(&c, L, H, d, seed++, (a + b + k) % 2 == 0); /* each d both ways */
                 const float scale = 1.0f / sqrtf((float)d);
                 mha_attn_short_f32_ref(c.want, c.ldo, c.qkv, c.qkv + H * d, c.qkv + 2 * H * d,
-                                       c.ld, L, H, d, scale, c.ws);
+                                       c.ld, L, L, H, d, scale, c.ws);
                 for (int64_t e = 0; e < mha_attn_short_ws_floats(L, d); e++)
                     c.ws[e] = NAN; /* the kernel must not read workspace it did not write */
                 CHECK_STATUS(run_on(ON_AVX512, &c, scale), MHA_OK);
@@ -218,4 +225,180 @@ TEST(attention_short_avx512_unsupported_is_an_error) {
         }
     case_free(&c);
     test_avx512_emulation_restore();
+}
+
+/* ---- mha_sdpa_forward's plain problems on the whole-row kernel ------------------ */
+
+/* (B, Hq, Hkv, L, d, strided): q, k, v (B, H, L, d) views; strided: heads
+ * interleaved in one (B, L, 3 H d) buffer as an in-projection writes them. */
+typedef struct {
+    int64_t B, Hq, Hkv, L, d;
+    bool strided;
+} rows_case;
+
+/* q, k, v, out views over fresh buffers (randn, seed) of case rc. */
+typedef struct {
+    float *qkv, *want, *got;
+    mha_tensor q, k, v, o, o_ref;
+} rows_data;
+
+static void rows_make(rows_data *r, const rows_case *rc, uint64_t seed) {
+    const int64_t B = rc->B, Hq = rc->Hq, Hkv = rc->Hkv, L = rc->L, d = rc->d;
+    const int64_t row = rc->strided ? (Hq + 2 * Hkv) * d : 0; /* floats per token */
+    const size_t n = (size_t)(B * L * (Hq + 2 * Hkv) * d), no = (size_t)(B * Hq * L * d);
+    r->qkv = malloc(sizeof(float) * n);
+    r->want = malloc(sizeof(float) * no);
+    r->got = malloc(sizeof(float) * no);
+    test_randn(r->qkv, n, seed);
+    if (rc->strided) {
+        r->q = (mha_tensor){r->qkv, MHA_F32, 4, {B, Hq, L, d}, {L * row, d, row, 1}};
+        r->k = (mha_tensor){r->qkv + Hq * d, MHA_F32, 4, {B, Hkv, L, d}, {L * row, d, row, 1}};
+        r->v = (mha_tensor){r->qkv + (Hq + Hkv) * d, MHA_F32, 4, {B, Hkv, L, d},
+                            {L * row, d, row, 1}};
+    } else {
+        r->q = (mha_tensor){r->qkv, MHA_F32, 4, {B, Hq, L, d}, {Hq * L * d, L * d, d, 1}};
+        r->k = (mha_tensor){r->qkv + B * Hq * L * d, MHA_F32, 4, {B, Hkv, L, d},
+                            {Hkv * L * d, L * d, d, 1}};
+        r->v = (mha_tensor){r->qkv + B * (Hq + Hkv) * L * d, MHA_F32, 4, {B, Hkv, L, d},
+                            {Hkv * L * d, L * d, d, 1}};
+    }
+    r->o = (mha_tensor){r->got, MHA_F32, 4, {B, Hq, L, d}, {Hq * L * d, L * d, d, 1}};
+    r->o_ref = r->o;
+    r->o_ref.data = r->want;
+}
+
+static void rows_free(rows_data *r) { free(r->qkv), free(r->want), free(r->got); }
+
+/* The problem mha_attn_run sees for these views and options. */
+static bool served(const rows_data *r, const mha_sdpa_options *opt) {
+    mha_attn_problem p;
+    if (mha_sdpa_problem_init(&p, &r->q, &r->k, &r->v, &r->o, opt) != MHA_OK)
+        return false;
+    if (opt->attn_weights) /* mha_sdpa_forward adds them after the init */
+        p.attn_weights = *opt->attn_weights;
+    return mha_attn_short_serves(&p);
+}
+
+/* got against want: |diff| <= 2e-6 (1 + max |v|) per element (rows are
+ * convex mixes of v rows); returns the largest difference. */
+static double rows_compare(const rows_data *r, const rows_case *rc, const char *name) {
+    const size_t n = (size_t)(rc->B * rc->Hq * rc->L * rc->d);
+    double vmax = 0, worst = 0;
+    for (int64_t b = 0; b < rc->B; b++)
+        for (int64_t h = 0; h < rc->Hkv; h++)
+            for (int64_t j = 0; j < rc->L; j++)
+                for (int64_t c = 0; c < rc->d; c++) {
+                    const float *v = r->v.data;
+                    vmax = fmax(vmax, fabsf(v[b * r->v.stride[0] + h * r->v.stride[1] +
+                                              j * r->v.stride[2] + c]));
+                }
+    for (size_t e = 0; e < n; e++)
+        worst = fmax(worst, fabs((double)r->got[e] - r->want[e]));
+    if (!(worst <= 2e-6 * (1 + vmax)))
+        test_fail(__FILE__, __LINE__,
+                  "%s B=%lld Hq=%lld Hkv=%lld L=%lld d=%lld%s: max |diff| %.3g > %.3g", name,
+                  (long long)rc->B, (long long)rc->Hq, (long long)rc->Hkv, (long long)rc->L,
+                  (long long)rc->d, rc->strided ? " strided" : "", worst, 2e-6 * (1 + vmax));
+    return worst;
+}
+
+/* The avx512 kernel of mha_sdpa_forward takes plain problems whose rows fit
+ * to the whole-row loop: odd shapes (L = 1, L and d not multiples of 16 or
+ * 8, d = 1, h = 1, GQA, interleaved heads) against the reference kernel;
+ * bit-identical for 1 and 3 threads; what it must not take goes elsewhere. */
+TEST(attention_short_serves_sdpa_on_avx512) {
+    if (!mha_avx512_runs())
+        SKIP("avx512: this CPU lacks AVX-512 and the test library has no emulation");
+    static const rows_case cases[] = {
+        {1, 1, 1, 1, 1, false},   {2, 3, 3, 7, 5, false},    {1, 2, 2, 17, 16, true},
+        {3, 4, 2, 37, 33, false}, {2, 6, 3, 130, 32, true},  {1, 2, 1, 64, 80, false},
+        {1, 1, 1, 200, 64, true}, {1, 2, 2, 300, 128, false}, {4, 3, 3, 9, 1, true},
+    };
+    const int threads = mha_get_num_threads();
+    uint64_t seed = 900;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const rows_case *rc = &cases[i];
+        rows_data r;
+        rows_make(&r, rc, seed++);
+        mha_sdpa_options opt;
+        mha_sdpa_options_init(&opt);
+        CHECK(served(&r, &opt));
+        opt.kernel = MHA_KERNEL_REF;
+        CHECK_STATUS(mha_sdpa_forward(&r.o_ref, &r.q, &r.k, &r.v, &opt), MHA_OK);
+        opt.kernel = MHA_KERNEL_AVX512;
+        mha_set_num_threads(1);
+        CHECK_STATUS(mha_sdpa_forward(&r.o, &r.q, &r.k, &r.v, &opt), MHA_OK);
+        const double worst = rows_compare(&r, rc, "whole rows vs ref");
+        CHECK(worst > 0 || rc->L == 1); /* a real comparison: the kernels differ in bits */
+        float *one = malloc(sizeof(float) * (size_t)(rc->B * rc->Hq * rc->L * rc->d));
+        memcpy(one, r.got, sizeof(float) * (size_t)(rc->B * rc->Hq * rc->L * rc->d));
+        mha_set_num_threads(3);
+        CHECK_STATUS(mha_sdpa_forward(&r.o, &r.q, &r.k, &r.v, &opt), MHA_OK);
+        CHECK(memcmp(one, r.got, sizeof(float) * (size_t)(rc->B * rc->Hq * rc->L * rc->d)) == 0);
+        mha_set_num_threads(threads);
+        free(one);
+        rows_free(&r);
+    }
+}
+
+/* Options, shapes and layouts the whole-row loop lacks are not served. */
+TEST(attention_short_serves_only_plain_problems) {
+    rows_case rc = {1, 2, 2, 40, 16, false};
+    rows_data r;
+    rows_make(&r, &rc, 5);
+    mha_sdpa_options opt;
+    mha_sdpa_options_init(&opt);
+    CHECK(served(&r, &opt));
+    opt.causal = MHA_CAUSAL_TOP_LEFT;
+    CHECK(!served(&r, &opt));
+    mha_sdpa_options_init(&opt);
+    opt.training = 1, opt.dropout_p = 0.1f;
+    CHECK(!served(&r, &opt));
+    mha_sdpa_options_init(&opt);
+    float w[2 * 40 * 40];
+    mha_tensor wt = {w, MHA_F32, 4, {1, 2, 40, 40}, {3200, 1600, 40, 1}};
+    opt.attn_weights = &wt;
+    CHECK(!served(&r, &opt));
+    mha_sdpa_options_init(&opt);
+    r.k.shape[2] = r.v.shape[2] = 39; /* S != L */
+    CHECK(!served(&r, &opt));
+    r.k.shape[2] = r.v.shape[2] = 40;
+    r.v.shape[3] = 8; /* dv != d */
+    r.o.shape[3] = 8;
+    CHECK(!served(&r, &opt));
+    rows_free(&r);
+    /* one head's rows past the caches: S d > 65536 with d > 64 */
+    rows_case big = {1, 1, 1, 1024, 80, false};
+    rows_make(&r, &big, 6);
+    CHECK(!served(&r, &opt));
+    rows_free(&r);
+}
+
+/* An infinite k gives an -inf score: that key is skipped, never multiplied
+ * by zero, so an inf or NaN in its v stays out of the output, as in the
+ * reference. */
+TEST(attention_short_skips_neg_inf_scores) {
+    if (!mha_avx512_runs())
+        SKIP("avx512: this CPU lacks AVX-512 and the test library has no emulation");
+    rows_case rc = {1, 1, 1, 20, 16, false};
+    rows_data r;
+    rows_make(&r, &rc, 8);
+    float *q = r.q.data, *k = r.k.data, *v = r.v.data;
+    for (int64_t c = 0; c < 16; c++) {
+        q[0 * 16 + c] = q[5 * 16 + c] = 1.0f; /* rows 0 and 5: positive q */
+        k[3 * 16 + c] = -INFINITY;           /* key 3: score -inf for them */
+        v[3 * 16 + c] = c % 2 ? INFINITY : NAN;
+    }
+    mha_sdpa_options opt;
+    mha_sdpa_options_init(&opt);
+    opt.kernel = MHA_KERNEL_REF;
+    CHECK_STATUS(mha_sdpa_forward(&r.o_ref, &r.q, &r.k, &r.v, &opt), MHA_OK);
+    opt.kernel = MHA_KERNEL_AVX512;
+    CHECK(served(&r, &opt));
+    CHECK_STATUS(mha_sdpa_forward(&r.o, &r.q, &r.k, &r.v, &opt), MHA_OK);
+    for (int64_t c = 0; c < 16; c++)
+        CHECK(isfinite(r.got[0 * 16 + c]) && isfinite(r.got[5 * 16 + c]));
+    for (int64_t c = 0; c < 16; c++)
+        CHECK(fabsf(r.got[5 * 16 + c] - r.want[5 * 16 + c]) <= 1e-5f);
+    rows_free(&r);
 }

@@ -79,6 +79,7 @@ mha_status mha_attn_short_run(const mha_attn_problem *p, mha_attn_short_fn fn) {
                          need);
     const int64_t rows = rows_per_item(p, nthreads), pieces = (p->L + rows - 1) / rows;
     const int64_t items = p->B * p->Hq * pieces, G = p->Hq / p->Hkv, ld = p->q.stride[2];
+    const size_t per_thread = (size_t)thread_floats(p->S, p->d);
     const float *q = p->q.data, *k = p->k.data, *v = p->v.data;
     float *o = p->o.data;
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
@@ -90,7 +91,7 @@ mha_status mha_attn_short_run(const mha_attn_problem *p, mha_attn_short_fn fn) {
         const int64_t vo = b * p->v.stride[0] + hk * p->v.stride[1];
         const int64_t oo = b * p->o.stride[0] + h * p->o.stride[1] + i0 * p->o.stride[2];
         fn(o + oo, p->o.stride[2], q + qo, k + ko, v + vo, ld, n, p->S, 1, p->d, p->scale,
-           buf + (size_t)mha_thread_index() * (size_t)thread_floats(p->S, p->d));
+           buf + (size_t)mha_thread_index() * per_thread);
     }
     if (!planned)
         mha_free(buf);

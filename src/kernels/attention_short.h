@@ -14,9 +14,9 @@
  * 128-key block cost more than they save while one head's K^T and V stay in
  * the caches.  This kernel keeps one head's K^T (d x S) and a block of whole
  * score rows, reads v in place and runs each softmax once, on the whole row.
- * Measured on Zen 4 (docs/performance.md, "Whole rows"): 1.2-1.7x the flash
- * driver from L = 64 to 1024 at d = 32 and 64, level with it at d = 128
- * and S d = 65536, behind it beyond.
+ * Measured on Zen 4 (docs/performance.md, "Whole rows"): 1.1-1.7x the flash
+ * driver from L = 64 to 1024 at d = 32 and 64 (1.03-1.06x at 2048-4096),
+ * level with it at d = 128 and S d = 65536, behind it beyond at d = 128.
  * The reference (_ref) is the plain loop; tests/unit/test_attention_short.c
  * checks it against mha_sdpa_forward and the avx2 and avx512 kernels
  * against it.
@@ -58,8 +58,8 @@ mha_status mha_attn_short_f32_avx512(float *ctx, int64_t ldo, const float *q, co
  * q, k, v and out with unit column strides and one row stride for q, k and
  * v, d = dv, L = S, no mask, bias, causal masking, dropout, weights, LSE,
  * sinks or ONNX outputs; and S d <= 65536 (one head's K^T and V, 512 KiB,
- * in half of a 1 MiB L2), or d <= 64 and S <= 4096 (measured: see
- * attention_short.h's top). */
+ * in half of a 1 MiB L2), or d <= 64 and S <= 4096 (measured: see the
+ * top of this file). */
 bool mha_attn_short_serves(const mha_attn_problem *p);
 /* p (mha_attn_short_serves) on fn: items of (batch, query head, rows), as
  * many as the threads want; the caller's scratch when it is large enough,

@@ -315,21 +315,23 @@ typedef struct flash_ws {
     float *o;    /* (BR, dvp)                 */
     float *m, *l;/* (BR)                      */
     uint16_t *pb;/* (BR, BC) bf16 P for the tile products, when tiles */
+    float *rmax; /* (BR) row maxima from dot->tile_qk_max, when tiles */
 } flash_ws;
 
 static size_t ws_layout(const flash_plan *pl, float *base, flash_ws *w) {
     const size_t al = 16; /* floats: keep every array on a 64-byte line */
-    size_t sizes[7] = {(size_t)(BR * pl->p->d), (size_t)(BR * BC),
+    size_t sizes[8] = {(size_t)(BR * pl->p->d), (size_t)(BR * BC),
                        pl->has_bias ? (size_t)(BR * BC) : 0, (size_t)(BR * pl->dvp), BR, BR,
-                       pl->tiles ? (size_t)(BR * BC / 2) : 0};
-    float *at[7];
+                       pl->tiles ? (size_t)(BR * BC / 2) : 0, pl->tiles ? (size_t)BR : 0};
+    float *at[8];
     size_t off = 0;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < 8; i++) {
         at[i] = base ? base + off : NULL;
         off += (sizes[i] + al - 1) / al * al;
     }
     w->qp = at[0], w->s = at[1], w->bias = at[2], w->o = at[3], w->m = at[4], w->l = at[5];
     w->pb = (uint16_t *)at[6];
+    w->rmax = at[7];
     return off;
 }
 
@@ -393,16 +395,23 @@ enum { SLICE = 4 };
 
 /* s (rows, BC) = the q tile . kp^T: on bf16 pairs (bf16_qk) every row to
  * the widest group, else in float32 row group g up to its ncg[g] visible
- * columns, panel-major (see SLICE). */
-static void block_qk(const flash_plan *pl, const flash_ws *w, int64_t rows, const float *kp,
-                     const int64_t *ncg) {
+ * columns, panel-major (see SLICE).  With rmax (bf16_qk, every group seeing
+ * the same whole panels) the rows' maxima come with it, where the products
+ * have tile_qk_max; returns whether they did. */
+static bool block_qk(const flash_plan *pl, const flash_ws *w, int64_t rows, const float *kp,
+                     const int64_t *ncg, float *rmax) {
     int64_t most = 0;
     for (int64_t g = 0; g * MR < rows; g++)
         most = ncg[g] > most ? ncg[g] : most;
     if (pl->bf16_qk) {
-        pl->dot->tile_qk(w->s, BC, (const uint32_t *)w->qp, pl->d2, (const uint32_t *)kp, pl->d2,
-                         (most + NR - 1) / NR, rows);
-        return;
+        const uint32_t *q = (const uint32_t *)w->qp, *k = (const uint32_t *)kp;
+        const int64_t np = (most + NR - 1) / NR;
+        if (rmax && pl->dot->tile_qk_max) {
+            pl->dot->tile_qk_max(w->s, BC, rmax, q, pl->d2, k, pl->d2, np, rows);
+            return true;
+        }
+        pl->dot->tile_qk(w->s, BC, q, pl->d2, k, pl->d2, np, rows);
+        return false;
     }
     const int64_t d = pl->p->d;
     for (int64_t p0 = 0; p0 * NR < most; p0 += SLICE)
@@ -412,6 +421,7 @@ static void block_qk(const flash_plan *pl, const flash_ws *w, int64_t rows, cons
                 pl->isa->qk(w->s + g * MR * BC + p0 * NR, BC, w->qp + g * MR * d, d,
                             kp + p0 * d * NR, d, np < SLICE ? np : SLICE);
         }
+    return false;
 }
 
 /* o (rows, dvp) += p (rows, ncg[g] per group) . the packed V block vp: on
@@ -433,7 +443,8 @@ static void block_pv(const flash_plan *pl, const flash_ws *w, int64_t rows, cons
             const int64_t ng = r < rows ? ncg[r / MR] : 0;
             for (int64_t j = 0; !in_pb && j < ng; j++)
                 pr[j] = mha_float_to_bf16(w->s[r * BC + j]);
-            memset(pr + ng, 0, sizeof(uint16_t) * (size_t)(n32 - ng));
+            if (ng < n32) /* full rows (most blocks) need no call */
+                memset(pr + ng, 0, sizeof(uint16_t) * (size_t)(n32 - ng));
         }
         pl->dot->tile_pv(w->o, dvp, w->pb, BC, (const uint32_t *)vp, most, dvp, rows);
         return;
@@ -451,22 +462,25 @@ static void block_pv(const flash_plan *pl, const flash_ws *w, int64_t rows, cons
 }
 
 /* S block for rows 0..rows of the tile: fills s, applies the epilogue per
- * row; ncg[g] receives the visible columns of row group g.  Returns false
- * when the whole block is masked for every row. */
+ * row; ncg[g] receives the visible columns of row group g; *fused whether
+ * w->rmax holds the rows' maxima (block_qk: every row sees the whole block
+ * and the block is whole panels).  Returns false when the whole block is
+ * masked for every row. */
 static bool score_block(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t h,
-                        int64_t i0, int64_t rows, int64_t kb, const float *kp, int64_t *ncg) {
+                        int64_t i0, int64_t rows, int64_t kb, const float *kp, int64_t *ncg,
+                        bool *fused) {
     const mha_attn_problem *p = pl->p;
     const int64_t j0 = kb * BC, n = p->S - j0 < BC ? p->S - j0 : BC;
     if (pl->has_bias && !build_bias(p, pl->ext_bias, b, h, i0, rows, j0, n, w->bias))
         return false;
-    bool any = false;
+    bool any = false, whole = n % NR == 0;
     for (int64_t g0 = 0, g = 0; g0 < rows; g0 += MR, g++) {
         int64_t g1 = g0 + MR < rows ? g0 + MR : rows;
         ncg[g] = group_cols(p, b, i0 + g1 - 1, j0, n);
         any |= ncg[g] > 0;
+        whole &= ncg[g] == n;
     }
-    if (any)
-        block_qk(pl, w, rows, kp, ncg);
+    *fused = any && block_qk(pl, w, rows, kp, ncg, whole ? w->rmax : NULL);
     return any;
 }
 
@@ -482,7 +496,7 @@ static void write_scores(const flash_plan *pl, const flash_ws *w, int64_t b, int
         int64_t ncg[BR / MR];
         for (int64_t g = 0; g * MR < rows; g++)
             ncg[g] = n;
-        block_qk(pl, w, rows, kpack + kb * pl->kblock, ncg);
+        block_qk(pl, w, rows, kpack + kb * pl->kblock, ncg, NULL);
         for (int64_t r = 0; r < rows; r++)
             for (int64_t j = 0; j < n; j++) {
                 float x = w->s[r * BC + j] * pl->scale;
@@ -559,7 +573,8 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
 
     for (int64_t kb = kb0; kb < nkb; kb++) {
         const int64_t j0 = kb * BC;
-        if (!score_block(pl, w, b, h, i0, rows, kb, kpack + kb * pl->kblock, ncg))
+        bool fused;
+        if (!score_block(pl, w, b, h, i0, rows, kb, kpack + kb * pl->kblock, ncg, &fused))
             continue;
         /* P straight into the tile products' bf16 rows: exp and rounding in one pass */
         const bool to_pb = pl->bf16_pv && !p->dropout && !vflags[kb];
@@ -573,8 +588,13 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
             const bool plain = to_pb && lim == ng && !pl->has_bias && p->softcap <= 0.0f &&
                                pl->scale > 0.0f && isfinite(pl->scale);
             const float *bias = pl->has_bias ? w->bias + r * BC : NULL;
-            float mb = plain ? pl->dot->row_max(sr, ng) * pl->scale
-                             : row_scores_any(pl, sr, ng, lim, bias);
+            float mb;
+            if (plain) { /* the product's max, or the pass when it saw only NaN */
+                mb = fused ? w->rmax[r] : -INFINITY;
+                mb = (mb == -INFINITY ? pl->dot->row_max(sr, ng) : mb) * pl->scale;
+            } else {
+                mb = row_scores_any(pl, sr, ng, lim, bias);
+            }
             float mold = w->m[r];
             float mnew = (isnan(mold) || isnan(mb)) ? NAN : (mb > mold ? mb : mold);
             if (mnew == -INFINITY) { /* nothing visible yet: all masked */
@@ -675,7 +695,9 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
     const int64_t qs2 = qt ? p->qk.stride[2] : 0, qs3 = qt ? p->qk.stride[3] : 0;
     for (int64_t kb = 0; kb < pl->nkb; kb++) {
         const int64_t j0 = kb * BC, n = p->S - j0 < BC ? p->S - j0 : BC;
-        bool live = kb < nkb && score_block(pl, w, b, h, i0, rows, kb, kpack + kb * pl->kblock, ncg);
+        bool fused;
+        bool live = kb < nkb &&
+                    score_block(pl, w, b, h, i0, rows, kb, kpack + kb * pl->kblock, ncg, &fused);
         for (int64_t r = 0; r < rows; r++) {
             float *wr = wt + (i0 + r) * wtt->stride[2] + j0 * ws3;
             float *qr = qt ? qt + (i0 + r) * qs2 + j0 * qs3 : NULL;

@@ -94,6 +94,13 @@ typedef struct mha_flash_bf16 {
      * kp^T (npanels, d2, NR) pairs. */
     void (*tile_qk)(float *s, int64_t lds, const uint32_t *q, int64_t ldq, const uint32_t *kp,
                     int64_t d2, int64_t npanels, int64_t rows);
+    /* tile_qk, and rmax (rows2 = rows rounded up to 2) = each row's max
+     * over its npanels*NR products, NaN ones ignored (-inf when every one
+     * is NaN): the softmax's max pass folded into the product (vmaxps on
+     * the adder ports beside the dot products on the multipliers).  NULL:
+     * the driver takes row_max. */
+    void (*tile_qk_max)(float *s, int64_t lds, float *rmax, const uint32_t *q, int64_t ldq,
+                        const uint32_t *kp, int64_t d2, int64_t npanels, int64_t rows);
     /* o (rows, dvp) rows ld ldo += p (rows, n) bf16 rows ld ldp . vp
      * (dvp/NR, BC/2, NR) pairs, every row to the same n; p is 0 wherever
      * nothing is to be added (past a row's visible columns up to n rounded

@@ -29,7 +29,17 @@
  * 1536 FLOPs, twice the float32 step for the same instruction count, on half
  * the packed bytes.  Leftover panels take 6 x 2 and 6 x 1 blocks, and the
  * last rows of a tile a 4- or 2-row block (the driver pads tiles to 16 rows,
- * so an odd row count reads one zero row more).  Measured on Zen 4 (one
+ * so an odd row count reads one zero row more).
+ *
+ * Row maxima (tile_qk_max): the Q.K^T store also takes vmaxps of each
+ * accumulator into one ZMM per row (6 more registers, the second operand
+ * the running max, so a NaN product never enters it), reduced once a row
+ * at the end: the softmax's separate max pass over s disappears for plain
+ * whole blocks.  On Zen 4 vmaxps issues on the FP adder pipes while the dot
+ * products hold the multipliers, so the fold costs no dot-product cycles;
+ * at B1 H8 L2048 d64 it took the bf16 forward from 31.1 to 29.2 ms (medians
+ * of 6 alternated runs; the pass and its per-row calls were about 6 % of
+ * the time, perf).  Measured on Zen 4 (one
  * core): vdpbf16ps zmm sustains about 210 GFLOP/s, 2x its float32 FMA loop
  * (`build/dot_peak`); the two products then run near that rate and the
  * softmax is the rest of the time (docs/performance.md).
@@ -60,7 +70,7 @@ static inline __attribute__((always_inline)) void dot_block(float *c, int64_t ld
                                                             const uint32_t *a, int64_t lda,
                                                             const uint32_t *b, int64_t bstep,
                                                             int64_t steps, const int nr,
-                                                            const int np) {
+                                                            const int np, __m512 *mx) {
     __m512 x[MR][PANELS];
 #pragma GCC unroll 6
     for (int r = 0; r < nr; r++)
@@ -83,8 +93,11 @@ static inline __attribute__((always_inline)) void dot_block(float *c, int64_t ld
 #pragma GCC unroll 6
     for (int r = 0; r < nr; r++)
 #pragma GCC unroll 4
-        for (int u = 0; u < np; u++)
+        for (int u = 0; u < np; u++) {
             _mm512_storeu_ps(c + r * ldc + u * NR, x[r][u]);
+            if (mx) /* vmaxps returns its second operand on NaN: NaN never enters */
+                mx[r] = _mm512_max_ps(x[r][u], mx[r]);
+        }
 }
 
 /* nr rows (6, 4 or 2) x npanels panels of one product, 4 panels at a time;
@@ -93,38 +106,56 @@ static inline __attribute__((always_inline)) void dot_rows(float *c, int64_t ldc
                                                            const uint32_t *a, int64_t lda,
                                                            const uint32_t *b, int64_t bstep,
                                                            int64_t steps, int64_t npanels,
-                                                           const int nr) {
+                                                           const int nr, float *rmax) {
+    __m512 mx[MR];
+#pragma GCC unroll 6
+    for (int r = 0; r < nr; r++)
+        mx[r] = _mm512_set1_ps(-INFINITY);
+    __m512 *m = rmax ? mx : NULL;
     int64_t p = 0;
     for (; p + 4 <= npanels; p += 4)
-        dot_block(c + p * NR, ldc, acc, a, lda, b + p * bstep, bstep, steps, nr, 4);
+        dot_block(c + p * NR, ldc, acc, a, lda, b + p * bstep, bstep, steps, nr, 4, m);
     if (p + 2 <= npanels) {
-        dot_block(c + p * NR, ldc, acc, a, lda, b + p * bstep, bstep, steps, nr, 2);
+        dot_block(c + p * NR, ldc, acc, a, lda, b + p * bstep, bstep, steps, nr, 2, m);
         p += 2;
     }
     if (p < npanels)
-        dot_block(c + p * NR, ldc, acc, a, lda, b + p * bstep, bstep, steps, nr, 1);
+        dot_block(c + p * NR, ldc, acc, a, lda, b + p * bstep, bstep, steps, nr, 1, m);
+#pragma GCC unroll 6
+    for (int r = 0; r < nr && rmax; r++)
+        rmax[r] = _mm512_reduce_max_ps(mx[r]);
 }
 
 /* All rows of a tile, round_up(rows, 2) of them (the driver's padding
  * rows are zeros): blocks of 6 rows, then one of 4 or 2. */
 static void dot_tile(float *c, int64_t ldc, bool acc, const uint32_t *a, int64_t lda,
                      const uint32_t *b, int64_t bstep, int64_t steps, int64_t npanels,
-                     int64_t rows) {
+                     int64_t rows, float *rmax) {
     const int64_t rows2 = rows + (rows & 1);
     int64_t r = 0;
     for (; r + MR <= rows2; r += MR)
-        dot_rows(c + r * ldc, ldc, acc, a + r * lda, lda, b, bstep, steps, npanels, MR);
+        dot_rows(c + r * ldc, ldc, acc, a + r * lda, lda, b, bstep, steps, npanels, MR,
+                 rmax ? rmax + r : NULL);
     if (rows2 - r == 4)
-        dot_rows(c + r * ldc, ldc, acc, a + r * lda, lda, b, bstep, steps, npanels, 4);
+        dot_rows(c + r * ldc, ldc, acc, a + r * lda, lda, b, bstep, steps, npanels, 4,
+                 rmax ? rmax + r : NULL);
     else if (rows2 - r == 2)
-        dot_rows(c + r * ldc, ldc, acc, a + r * lda, lda, b, bstep, steps, npanels, 2);
+        dot_rows(c + r * ldc, ldc, acc, a + r * lda, lda, b, bstep, steps, npanels, 2,
+                 rmax ? rmax + r : NULL);
 }
 
 /* s (rows, npanels*NR) rows ld lds = q (rows, d2) pairs rows ld ldq .
  * kp^T (npanels, d2, NR) pairs. */
 static void qk_bf16_avx512(float *s, int64_t lds, const uint32_t *q, int64_t ldq,
                            const uint32_t *kp, int64_t d2, int64_t npanels, int64_t rows) {
-    dot_tile(s, lds, false, q, ldq, kp, d2 * NR, d2, npanels, rows);
+    dot_tile(s, lds, false, q, ldq, kp, d2 * NR, d2, npanels, rows, NULL);
+}
+
+/* qk_bf16_avx512, and rmax[r] = the max of row r's non-NaN products. */
+static void qk_max_bf16_avx512(float *s, int64_t lds, float *rmax, const uint32_t *q,
+                               int64_t ldq, const uint32_t *kp, int64_t d2, int64_t npanels,
+                               int64_t rows) {
+    dot_tile(s, lds, false, q, ldq, kp, d2 * NR, d2, npanels, rows, rmax);
 }
 
 /* o (rows, dvp) rows ld ldo += p (rows, n) bf16 rows ld ldp . vp (dvp/NR,
@@ -133,7 +164,7 @@ static void qk_bf16_avx512(float *s, int64_t lds, const uint32_t *q, int64_t ldq
 static void pv_bf16_avx512(float *o, int64_t ldo, const uint16_t *p, int64_t ldp,
                            const uint32_t *vp, int64_t n, int64_t dvp, int64_t rows) {
     const uint32_t *pp = (const uint32_t *)(const void *)p;
-    dot_tile(o, ldo, true, pp, ldp / 2, vp, (BC / 2) * NR, (n + 1) / 2, dvp / NR, rows);
+    dot_tile(o, ldo, true, pp, ldp / 2, vp, (BC / 2) * NR, (n + 1) / 2, dvp / NR, rows, NULL);
 }
 
 /* max over s[0, n), NaN when any is NaN (16 partial maxima). */
@@ -179,6 +210,7 @@ const mha_flash_bf16 MHA_AVX512_SYMBOL(mha_flash_bf16_avx512) = {
     .name = "avx512bf16",
     .d2_align = 1,
     .tile_qk = qk_bf16_avx512,
+    .tile_qk_max = qk_max_bf16_avx512,
     .tile_pv = pv_bf16_avx512,
     .row_max = MHA_AVX512_SYMBOL(mha_flash_row_max_avx512),
     .row_exp_bf16 = MHA_AVX512_SYMBOL(mha_flash_row_exp_bf16_avx512),

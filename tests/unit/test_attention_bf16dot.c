@@ -192,10 +192,73 @@ static void check_tile_products(const mha_flash_bf16 *dot) {
            dot->name, worst, worst_pv);
 }
 
+/* tile_qk_max: the same s bits as tile_qk, and rmax[r] the max of row r's
+ * products with NaN ones ignored: a NaN q pair (a whole row NaN: -inf), a
+ * NaN k pair (one column NaN in every row), an infinite q pair (+-inf
+ * products) among finite rows. */
+static void check_qk_max(const mha_flash_bf16 *dot) {
+    enum { BR = MHA_FLASH_BR };
+    const int64_t al = dot->d2_align;
+    const int64_t rowss[] = {1, 2, 15, 16, 50, 96}, d2s[] = {1, 3, 32};
+    int64_t checked = 0;
+    for (size_t ri = 0; ri < sizeof rowss / sizeof *rowss; ri++)
+        for (size_t di = 0; di < sizeof d2s / sizeof *d2s; di++)
+            for (int64_t np = 1; np <= 8; np += np < 2 ? 1 : 3) {
+                const int64_t rows = rowss[ri], d2 = (d2s[di] + al - 1) / al * al;
+                uint32_t *q = aligned_alloc(64, (size_t)(BR * d2) * 4);
+                uint32_t *kp = aligned_alloc(64, (size_t)(np * d2 * NR) * 4);
+                float *s = malloc(sizeof(float) * BR * BC), *s2 = malloc(sizeof(float) * BR * BC);
+                float *rq = malloc(sizeof(float) * BR * d2 * 2);
+                float *rk = malloc(sizeof(float) * (size_t)(np * d2 * NR * 2));
+                float rmax[BR];
+                test_randn(rq, (size_t)(BR * d2 * 2), 160 + (uint64_t)(ri + di));
+                test_randn(rk, (size_t)(np * d2 * NR * 2), 170 + (uint64_t)np);
+                to_pairs(q, rq, BR * d2);
+                to_pairs(kp, rk, np * d2 * NR);
+                const uint32_t nan2 = 0x7fc07fc0u, inf2 = 0x3f807f80u; /* (inf, 1) */
+                if (rows > 1)
+                    q[1 * d2] = nan2;            /* row 1: every product NaN */
+                if (rows > 3)
+                    q[3 * d2] = inf2;            /* row 3: +-inf products    */
+                kp[(np - 1) * d2 * NR + 5] = nan2; /* column 16 (np-1) + 5 NaN */
+                for (int i = 0; i < BR * BC; i++)
+                    s[i] = s2[i] = NAN;
+                for (int i = 0; i < BR; i++)
+                    rmax[i] = 12345.0f;
+                tiles_on(dot);
+                dot->tile_qk(s, BC, q, d2, kp, d2, np, rows);
+                dot->tile_qk_max(s2, BC, rmax, q, d2, kp, d2, np, rows);
+                tiles_off(dot);
+                CHECK(memcmp(s, s2, sizeof(float) * BR * BC) == 0);
+                for (int64_t r = 0; r < rows; r++) {
+                    float want = -INFINITY;
+                    for (int64_t j = 0; j < np * NR; j++)
+                        if (!isnan(s[r * BC + j]) && s[r * BC + j] > want)
+                            want = s[r * BC + j];
+                    if (r == 1)
+                        CHECK(want == -INFINITY);
+                    if (!(rmax[r] == want) && test_failures() < 3)
+                        test_fail(__FILE__, __LINE__, "%s qk_max rows %lld d2 %lld np %lld row %lld: %g vs %g",
+                                  dot->name, (long long)rows, (long long)d2, (long long)np,
+                                  (long long)r, rmax[r], want);
+                    checked++;
+                }
+                for (int64_t r = rows + (rows & 1); r < BR; r++)
+                    CHECK(rmax[r] == 12345.0f); /* past the rows: untouched */
+                free(q), free(kp), free(s), free(s2), free(rq), free(rk);
+            }
+    printf("  %s tile_qk_max: %lld row maxima exact, NaN products ignored\n", dot->name,
+           (long long)checked);
+}
+
 TEST(attention_bf16dot_tiles_match_float64) {
     const mha_flash_bf16 *dot = bf16_loops();
-    if (dot)
-        check_tile_products(dot);
+    if (!dot)
+        return;
+    check_tile_products(dot);
+    CHECK(dot->tile_qk_max != NULL);
+    if (dot->tile_qk_max)
+        check_qk_max(dot);
 }
 
 TEST(attention_amx_tiles_match_float64) {
@@ -422,6 +485,55 @@ TEST(attention_bf16dot_single_block_is_tight) {
         bdata_free(&x);
     }
     printf("  one key block: %.2e from the reference (bound 2e-5)\n", worst);
+}
+
+/* The softmax max folded into Q.K^T (tile_qk_max, whole key blocks of
+ * plain rows) against the reference: a max that moves in every block (key
+ * norms growing along S), a NaN key in the second block (every row NaN),
+ * an infinite and a NaN query element (their rows NaN, the NaN row's
+ * folded max -inf: the max pass then decides); NaN exactly where the
+ * reference has it, else within 2e-3. */
+TEST(attention_bf16dot_fused_max_matches_reference) {
+    if (!bf16_loops())
+        return;
+    const bcase c = {1, 2, 1, 40, 3 * BC, 64, 64, MHA_CAUSAL_NONE, false, false, false, false,
+                     0, false};
+    double worst = 0.0;
+    for (int variant = 0; variant < 3; variant++) {
+        bdata x;
+        bdata_make(&x, &c, 1200 + (uint64_t)variant);
+        uint16_t *q = x.h[0], *k = x.h[1];
+        for (int64_t j = 0; j < c.S; j++) /* growing norms: the max moves each block */
+            for (int64_t e = 0; e < c.d; e++)
+                k[j * c.d + e] = bf16_of(mha_bf16_to_float(k[j * c.d + e]) * (1.0f + j / 64.0f));
+        if (variant == 1)
+            k[(BC + 7) * c.d + 3] = bf16_of(NAN);
+        if (variant == 2) {
+            q[5 * c.d] = bf16_of(INFINITY);              /* head 0 row 5 */
+            q[(c.L + 9) * c.d + 1] = bf16_of(NAN);       /* head 1 row 9 */
+        }
+        bout ref, y;
+        bout_alloc(&ref, &c), bout_alloc(&y, &c);
+        REQUIRE_OK(run(&ref, &c, &x, &x.th[0], &x.th[1], &x.th[2], MHA_KERNEL_REF));
+        REQUIRE_OK(run(&y, &c, &x, &x.th[0], &x.th[1], &x.th[2], MHA_KERNEL_AVX512));
+        const int64_t n = c.B * c.Hq * c.L * c.dv;
+        int64_t nans = 0, bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            nans += isnan(ref.o[i]);
+            bad += isnan(ref.o[i]) != isnan(y.o[i]);
+            if (isnan(ref.o[i]))
+                ref.o[i] = y.o[i] = 0.0f; /* compared: where, not what */
+        }
+        CHECK(bad == 0);
+        CHECK(variant == 0 ? nans == 0 : variant == 1 ? nans == n : nans == 2 * c.dv);
+        const double e = test_rel_err(y.o, ref.o, (size_t)n);
+        worst = e > worst ? e : worst;
+        CHECK(e <= 2e-3);
+        bout_free(&ref), bout_free(&y);
+        bdata_free(&x);
+    }
+    printf("  fused max over 3 blocks (moving max, NaN key, inf/NaN query): NaN where the "
+           "reference has it, else %.2e (bound 2e-3)\n", worst);
 }
 
 TEST(attention_bf16dot_threads_bit_identical) {

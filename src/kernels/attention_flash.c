@@ -875,9 +875,11 @@ mha_status mha_attn_fwd_f32_avx2(const mha_attn_problem *p) {
 
 mha_status mha_attn_fwd_f32_avx512(const mha_attn_problem *p) {
     MHA_TRY(mha_avx512_check());
-    if (mha_attn_short_serves(p)) /* plain rows that fit: whole rows, no tiles */
-        return mha_attn_short_run(p, *MHA_AVX512_PICK(mha_attn_short_avx512_loop));
-    return mha_attn_flash_run(p, MHA_AVX512_PICK(mha_flash_isa_avx512), mha_flash_bf16_pick());
+    const mha_flash_bf16 *dot = mha_flash_bf16_pick();
+    const bool bf16_dots = dot && dot == MHA_AVX512_PICK(mha_flash_bf16_avx512);
+    if (mha_attn_short_serves(p, bf16_dots)) /* plain rows that fit: whole rows, no tiles */
+        return mha_attn_short_run(p);
+    return mha_attn_flash_run(p, MHA_AVX512_PICK(mha_flash_isa_avx512), dot);
 }
 
 const mha_flash_bf16 *mha_flash_bf16_pick(void) {

@@ -7,12 +7,20 @@
 
 #include <math.h>
 
+static int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
+
 int64_t mha_attn_short_ws_floats(int64_t S, int64_t d) {
     /* avx2: K^T (d, S rounded to 8) and 4 score rows; avx512: K^T (d, S
-     * rounded to 16) and 8 score rows, the larger; the reference: 1 row */
-    const int64_t Lp8 = (S + 7) / 8 * 8, Lp16 = (S + 15) / 16 * 16;
+     * rounded to 16) and 8 score rows; avx512 bf16: K^T pairs (ceil(d/2),
+     * S rounded to 32), V pairs (ceil(S/2), d rounded to 32), 8 score rows,
+     * 8 bf16 P rows, 8 q rows of pairs; the largest; the reference: 1 row */
+    const int64_t Lp8 = (S + 7) / 8 * 8, Lp16 = round16(S), Lp32 = (S + 31) / 32 * 32;
+    const int64_t d2 = (d + 1) / 2, dv32 = (d + 31) / 32 * 32;
     const int64_t avx2 = (d + 4) * Lp8 + 8, avx512 = (d + 8) * Lp16;
-    return avx2 > avx512 ? avx2 : avx512;
+    const int64_t bf16 = round16(d2 * Lp32) + round16((S + 1) / 2 * dv32) + 8 * Lp32 +
+                         4 * Lp32 + 8 * d2;
+    const int64_t most = avx2 > avx512 ? avx2 : avx512;
+    return bf16 > most ? bf16 : most;
 }
 
 bool mha_attn_short_avx2_fits(int64_t d) {
@@ -28,13 +36,39 @@ mha_status mha_attn_short_f32_avx512(float *ctx, int64_t ldo, const float *q, co
     return MHA_OK;
 }
 
+mha_status mha_attn_short_bf16_avx512(void *ctx, mha_dtype out, int64_t ldo, const uint16_t *q,
+                                      const uint16_t *k, const uint16_t *v, int64_t ld,
+                                      int64_t L, int64_t S, int64_t H, int64_t d, float scale,
+                                      float *ws) {
+    MHA_CHECK(mha_avx512_bf16_runs(), MHA_ERR_UNSUPPORTED,
+              "kernel: the bf16 whole-row loop needs AVX512_BF16, which this CPU lacks");
+    MHA_CHECK(out == MHA_F32 || out == MHA_BF16, MHA_ERR_DTYPE,
+              "attention: the bf16 whole rows write float32 or bf16 only");
+    (*MHA_AVX512_PICK(mha_attn_short_bf16_avx512_loop))(ctx, out, ldo, q, k, v, ld, L, S, H, d,
+                                                        scale, ws);
+    return MHA_OK;
+}
+
 /* ---- mha_sdpa_forward's plain problems ---------------------------------------- */
 
-bool mha_attn_short_serves(const mha_attn_problem *p) {
+/* q, k, v and out all float32, or q, k, v bf16 (with bf16_dots) and out
+ * float32 or bf16. */
+static bool short_dtypes(const mha_attn_problem *p, bool bf16_dots) {
+    const mha_dtype q = p->q.dtype;
+    if (q != p->k.dtype || q != p->v.dtype)
+        return false;
+    if (q == MHA_F32)
+        return p->o.dtype == MHA_F32;
+    return q == MHA_BF16 && bf16_dots && (p->o.dtype == MHA_F32 || p->o.dtype == MHA_BF16);
+}
+
+bool mha_attn_short_serves(const mha_attn_problem *p, bool bf16_dots) {
     const mha_tensor *t[4] = {&p->q, &p->k, &p->v, &p->o};
     for (int i = 0; i < 4; i++)
-        if (t[i]->dtype != MHA_F32 || t[i]->stride[3] != 1)
+        if (t[i]->stride[3] != 1)
             return false;
+    if (!short_dtypes(p, bf16_dots))
+        return false;
     const bool plain = !p->mask.data && !p->kpm.data && p->causal == MHA_CAUSAL_NONE &&
                        !p->dropout && !p->attn_weights.data && p->softcap <= 0.0f &&
                        !p->window && !p->kv_len.data && !p->alibi.data && !p->sinks.data &&
@@ -69,7 +103,12 @@ static int64_t rows_per_item(const mha_attn_problem *p, int nthreads) {
     return rows < 64 ? 64 : rows;
 }
 
-mha_status mha_attn_short_run(const mha_attn_problem *p, mha_attn_short_fn fn) {
+mha_status mha_attn_short_run(const mha_attn_problem *p) {
+    const bool bf16 = p->q.dtype == MHA_BF16;
+    const mha_attn_short_fn fn = bf16 ? NULL : *MHA_AVX512_PICK(mha_attn_short_avx512_loop);
+    const mha_attn_short_bf16_fn fn16 =
+        bf16 ? *MHA_AVX512_PICK(mha_attn_short_bf16_avx512_loop) : NULL;
+    const size_t es = p->o.dtype == MHA_F32 ? 4 : 2;
     const int nthreads = mha_threads();
     const size_t need = mha_attn_short_scratch_bound(p->S, p->d, nthreads);
     const bool planned = p->scratch && p->scratch_bytes >= need;
@@ -80,8 +119,7 @@ mha_status mha_attn_short_run(const mha_attn_problem *p, mha_attn_short_fn fn) {
     const int64_t rows = rows_per_item(p, nthreads), pieces = (p->L + rows - 1) / rows;
     const int64_t items = p->B * p->Hq * pieces, G = p->Hq / p->Hkv, ld = p->q.stride[2];
     const size_t per_thread = (size_t)thread_floats(p->S, p->d);
-    const float *q = p->q.data, *k = p->k.data, *v = p->v.data;
-    float *o = p->o.data;
+
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
     for (int64_t t = 0; t < items; t++) {
         const int64_t b = t / (p->Hq * pieces), h = t / pieces % p->Hq, hk = h / G;
@@ -90,8 +128,15 @@ mha_status mha_attn_short_run(const mha_attn_problem *p, mha_attn_short_fn fn) {
         const int64_t ko = b * p->k.stride[0] + hk * p->k.stride[1];
         const int64_t vo = b * p->v.stride[0] + hk * p->v.stride[1];
         const int64_t oo = b * p->o.stride[0] + h * p->o.stride[1] + i0 * p->o.stride[2];
-        fn(o + oo, p->o.stride[2], q + qo, k + ko, v + vo, ld, n, p->S, 1, p->d, p->scale,
-           buf + (size_t)mha_thread_index() * per_thread);
+        float *ws = buf + (size_t)mha_thread_index() * per_thread;
+        void *o = (char *)p->o.data + (size_t)oo * es;
+        if (bf16)
+            fn16(o, p->o.dtype, p->o.stride[2], (const uint16_t *)p->q.data + qo,
+                 (const uint16_t *)p->k.data + ko, (const uint16_t *)p->v.data + vo, ld, n, p->S,
+                 1, p->d, p->scale, ws);
+        else
+            fn(o, p->o.stride[2], (const float *)p->q.data + qo, (const float *)p->k.data + ko,
+               (const float *)p->v.data + vo, ld, n, p->S, 1, p->d, p->scale, ws);
     }
     if (!planned)
         mha_free(buf);

@@ -17,9 +17,13 @@
  * Measured on Zen 4 (docs/performance.md, "Whole rows"): 1.1-1.7x the flash
  * driver from L = 64 to 1024 at d = 32 and 64 (1.03-1.06x at 2048-4096),
  * level with it at d = 128 and S d = 65536, behind it beyond at d = 128.
+ * bf16 q, k, v take a twin on vdpbf16ps (attention_short_avx512bf16.c),
+ * whose gain is larger since the products shrink and the flash softmax
+ * does not: 1.04-1.7x the flash driver's bf16 forward, 1.5-2.3x the
+ * float32 one (B1 H8 L512-4096 d64/128, B32 H12 L128 d32, B8 L512 d64).
  * The reference (_ref) is the plain loop; tests/unit/test_attention_short.c
- * checks it against mha_sdpa_forward and the avx2 and avx512 kernels
- * against it.
+ * checks it against mha_sdpa_forward, the avx2 and avx512 kernels against
+ * it, and the bf16 loop against the reference kernel on bf16 tensors.
  * Neither allocates: ws holds mha_attn_short_ws_floats(S, d) floats.
  */
 #ifndef MHA_KERNELS_ATTENTION_SHORT_H
@@ -54,17 +58,37 @@ mha_status mha_attn_short_f32_avx512(float *ctx, int64_t ldo, const float *q, co
                                      const float *v, int64_t ld, int64_t L, int64_t S,
                                      int64_t H, int64_t d, float scale, float *ws);
 
-/* True when the avx512 loop serves p better than the flash driver: float32
- * q, k, v and out with unit column strides and one row stride for q, k and
- * v, d = dv, L = S, no mask, bias, causal masking, dropout, weights, LSE,
- * sinks or ONNX outputs; and S d <= 65536 (one head's K^T and V, 512 KiB,
- * in half of a 1 MiB L2), or d <= 64 and S <= 4096 (measured: see the
- * top of this file). */
-bool mha_attn_short_serves(const mha_attn_problem *p);
-/* p (mha_attn_short_serves) on fn: items of (batch, query head, rows), as
- * many as the threads want; the caller's scratch when it is large enough,
- * else an allocation.  Bits depend on neither the threads nor the items. */
-mha_status mha_attn_short_run(const mha_attn_problem *p, mha_attn_short_fn fn);
+/* The bf16 loop's signature: q, k, v bf16 as above, ctx float32 (out
+ * MHA_F32) or bf16 (MHA_BF16) rows ldo elements apart. */
+typedef void (*mha_attn_short_bf16_fn)(void *ctx, mha_dtype out, int64_t ldo, const uint16_t *q,
+                                       const uint16_t *k, const uint16_t *v, int64_t ld,
+                                       int64_t L, int64_t S, int64_t H, int64_t d, float scale,
+                                       float *ws);
+/* The AVX512_BF16 loop (attention_short_avx512bf16.c; any d >= 1): taken
+ * only by mha_attn_short_bf16_avx512 and mha_attn_short_run. */
+MHA_AVX512_DECLARE(mha_attn_short_bf16_fn, mha_attn_short_bf16_avx512_loop);
+/* The bf16 problem on that loop; MHA_ERR_UNSUPPORTED (ctx untouched)
+ * unless mha_avx512_bf16_runs(). */
+mha_status mha_attn_short_bf16_avx512(void *ctx, mha_dtype out, int64_t ldo, const uint16_t *q,
+                                      const uint16_t *k, const uint16_t *v, int64_t ld,
+                                      int64_t L, int64_t S, int64_t H, int64_t d, float scale,
+                                      float *ws);
+
+/* True when the avx512 loops serve p better than the flash driver (on
+ * MHA_KERNEL_AVX512, after mha_avx512_runs()): q, k, v and out float32,
+ * or q, k, v bf16 with out float32 or bf16 when bf16_dots (the caller's
+ * word that the flash driver would take the vdpbf16ps products: an
+ * AVX512_BF16 CPU without AMX, whose tiles keep bf16); unit column strides and one row stride for q, k and v,
+ * d = dv, L = S, no mask, bias, causal masking, dropout, weights, LSE,
+ * sinks or ONNX outputs; and S d <= 65536 (one head's float32 K^T and V,
+ * 512 KiB, in half of a 1 MiB L2), or d <= 64 and S <= 4096 (measured: see
+ * the top of this file). */
+bool mha_attn_short_serves(const mha_attn_problem *p, bool bf16_dots);
+/* p (mha_attn_short_serves) on the avx512 loop of its dtype: items of
+ * (batch, query head, rows), as many as the threads want; the caller's
+ * scratch when it is large enough, else an allocation.  Bits depend on
+ * neither the threads nor the items. */
+mha_status mha_attn_short_run(const mha_attn_problem *p);
 /* Bytes of the workspace mha_attn_short_run takes for S keys, head width d
  * and nthreads threads (part of mha_attn_scratch_bound). */
 size_t mha_attn_short_scratch_bound(int64_t S, int64_t d, int nthreads);

@@ -116,24 +116,14 @@ static void mm_rows(float *const c[R], const float *const a[R], const float *b, 
  * floats; the lanes past S are left alone (the P V product reads only keys
  * < S). */
 static float softmax_row(float *s, int64_t S, bool *skips) {
-    const __m512 ninf = _mm512_set1_ps(-INFINITY), sign = _mm512_set1_ps(-0.0f);
-    __m512 mx = ninf;
-    for (int64_t j = 0; j < S; j += NV) {
-        const __mmask16 k = mask16(S - j);
-        mx = _mm512_mask_max_ps(mx, k, mx, _mm512_maskz_loadu_ps(k, s + j));
-    }
-    const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    const __m512 vm = _mm512_set1_ps(row_max512(s, S));
     __m512 sum = _mm512_setzero_ps();
     __mmask16 marked = 0;
     for (int64_t j = 0; j < S; j += NV) {
         const __mmask16 k = mask16(S - j);
-        const __m512 x = _mm512_maskz_loadu_ps(k, s + j);
-        const __mmask16 neg = _mm512_mask_cmp_ps_mask(k, x, ninf, _CMP_EQ_OQ);
-        const __m512 e = _mm512_mask_mov_ps(
-            _mm512_maskz_mov_ps(k, exp2_softmax512(_mm512_sub_ps(x, vm))), neg, sign);
+        const __m512 e = exp2_marked512(_mm512_maskz_loadu_ps(k, s + j), vm, k, &marked);
         _mm512_mask_storeu_ps(s + j, k, e);
         sum = _mm512_add_ps(sum, e);
-        marked |= neg;
     }
     *skips = marked != 0;
     return _mm512_reduce_add_ps(sum);

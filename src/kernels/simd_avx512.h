@@ -162,6 +162,28 @@ static inline __m512 exp2_softmax512(__m512 t) {
     return _mm512_scalef_ps(y, t);
 }
 
+/* The max of s[0, n), n >= 1, 16 lanes at a time with the tail under a
+ * mask (vmaxps: a NaN may or may not win; the softmax rows that take it
+ * come out NaN either way through their exp). */
+static inline float row_max512(const float *s, int64_t n) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = mask16(n - j);
+        mx = _mm512_mask_max_ps(mx, k, mx, _mm512_maskz_loadu_ps(k, s + j));
+    }
+    return _mm512_reduce_max_ps(mx);
+}
+
+/* The whole-row softmax's weights of 16 scores x (log2 units) under lanes
+ * k: 2^(x - m), 0 outside k, and -0.0 - the mark of a skipped key - where x
+ * is -inf (those lanes added to *marked). */
+static inline __m512 exp2_marked512(__m512 x, __m512 m, __mmask16 k, __mmask16 *marked) {
+    const __mmask16 neg = _mm512_mask_cmp_ps_mask(k, x, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+    *marked |= neg;
+    return _mm512_mask_mov_ps(_mm512_maskz_mov_ps(k, exp2_softmax512(_mm512_sub_ps(x, m))), neg,
+                              _mm512_set1_ps(-0.0f));
+}
+
 /* exp(x) over the whole float range (and NaN): exp256's Cephes expf
  * (simd_avx2.h; 1-2 ulp) with 2^n by vscalefps; x below -87.33 gives 0 (no
  * denormal), above 88.38 gives the clamp's finite value as exp256 does. */

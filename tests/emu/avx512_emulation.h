@@ -56,6 +56,18 @@ static inline simde__m256i emu_maskz_loadu_epi16(uint16_t k, const void *p) {
         r.h[i] = (k >> i & 1) ? ((const uint16_t *)p)[i] : 0;
     return r.v;
 }
+static inline simde__m512i emu_maskz_loadu_epi32(uint16_t k, const void *p) {
+    emu_si r;
+    for (int i = 0; i < 16; i++)
+        r.u[i] = (k >> i & 1) ? ((const uint32_t *)p)[i] : 0;
+    return r.v;
+}
+static inline simde__m512i emu_maskz_loadu_epi16_512(uint32_t k, const void *p) {
+    emu_si r;
+    for (int i = 0; i < 32; i++)
+        r.h[i] = (k >> i & 1) ? ((const uint16_t *)p)[i] : 0;
+    return r.v;
+}
 static inline void emu_mask_storeu_epi16_256(void *p, uint16_t k, simde__m256i a) {
     emu_si256 x = {.v = a};
     for (int i = 0; i < 16; i++)
@@ -218,6 +230,10 @@ static inline simde__m512 emu_reduce_ps(simde__m512 a, int imm) {
 #define _mm512_mask_storeu_ps(p, k, a) emu_mask_storeu_ps((p), (k), (a))
 #undef _mm256_maskz_loadu_epi16
 #define _mm256_maskz_loadu_epi16(k, p) emu_maskz_loadu_epi16((k), (p))
+#undef _mm512_maskz_loadu_epi32
+#define _mm512_maskz_loadu_epi32(k, p) emu_maskz_loadu_epi32((k), (p))
+#undef _mm512_maskz_loadu_epi16
+#define _mm512_maskz_loadu_epi16(k, p) emu_maskz_loadu_epi16_512((k), (p))
 #undef _mm256_mask_storeu_epi16
 #define _mm256_mask_storeu_epi16(p, k, a) emu_mask_storeu_epi16_256((p), (k), (a))
 #undef _mm512_reduce_add_ps

@@ -24,7 +24,9 @@
 #include "test.h"
 
 #include "internal.h" /* mha_avx512_runs, mha_cpu_has_avx512 */
+#include "kernels/attention_flash.h"
 #include "kernels/attention_short.h"
+#include "kernels/convert.h"
 
 #include <string.h>
 
@@ -276,7 +278,7 @@ static bool served(const rows_data *r, const mha_sdpa_options *opt) {
         return false;
     if (opt->attn_weights) /* mha_sdpa_forward adds them after the init */
         p.attn_weights = *opt->attn_weights;
-    return mha_attn_short_serves(&p);
+    return mha_attn_short_serves(&p, false);
 }
 
 /* got against want: |diff| <= 2e-6 (1 + max |v|) per element (rows are
@@ -400,5 +402,154 @@ TEST(attention_short_skips_neg_inf_scores) {
         CHECK(isfinite(r.got[0 * 16 + c]) && isfinite(r.got[5 * 16 + c]));
     for (int64_t c = 0; c < 16; c++)
         CHECK(fabsf(r.got[5 * 16 + c] - r.want[5 * 16 + c]) <= 1e-5f);
+    rows_free(&r);
+}
+
+/* ---- bf16 q, k, v on the vdpbf16ps whole-row loop (attention_short_avx512bf16.c) -- */
+
+/* Whether mha_sdpa_forward's avx512 kernel takes bf16 whole rows here: the
+ * vdpbf16ps products (natively or emulated; an AMX CPU keeps its tiles). */
+static bool bf16_rows_run(void) {
+    uint16_t x[4] = {0};
+    const int64_t sh[4] = {1, 1, 1, 1};
+    mha_tensor t[4];
+    for (int i = 0; i < 4; i++)
+        mha_tensor_init(&t[i], MHA_BF16, &x[i], 4, sh);
+    mha_sdpa_options opt;
+    mha_sdpa_options_init(&opt);
+    mha_attn_problem p;
+    const mha_flash_bf16 *dot = mha_flash_bf16_pick(); /* by name: the _emu twin too */
+    return mha_avx512_runs() && dot && strcmp(dot->name, "avx512bf16") == 0 &&
+           mha_sdpa_problem_init(&p, &t[0], &t[1], &t[2], &t[3], &opt) == MHA_OK &&
+           mha_attn_short_serves(&p, true);
+}
+
+/* bf16 copies of r's q, k and v (same layout and strides) in *buf, and a
+ * bf16 out of r's shape in *obuf. */
+static void rows_to_bf16(const rows_data *r, const rows_case *rc, uint16_t **buf,
+                         uint16_t **obuf, mha_tensor t[4]) {
+    const size_t n = (size_t)(rc->B * rc->L * (rc->Hq + 2 * rc->Hkv) * rc->d);
+    const size_t no = (size_t)(rc->B * rc->Hq * rc->L * rc->d);
+    *buf = malloc(sizeof(uint16_t) * n);
+    *obuf = malloc(sizeof(uint16_t) * no);
+    for (size_t e = 0; e < n; e++)
+        (*buf)[e] = mha_float_to_bf16(r->qkv[e] * 1.5f);
+    const mha_tensor *src[4] = {&r->q, &r->k, &r->v, &r->o};
+    for (int i = 0; i < 4; i++) {
+        t[i] = *src[i];
+        t[i].dtype = MHA_BF16;
+        t[i].data = i < 3 ? (void *)(*buf + ((const float *)src[i]->data - r->qkv)) : *obuf;
+    }
+}
+
+/* bf16 problems go to the bf16 loop where the avx512 kernel has it: odd
+ * shapes (L = 1, d = 1, odd d: a half pair; L, d not multiples of 16 or 32;
+ * GQA; interleaved heads) against the reference kernel on the same bf16
+ * values, normalised (test_rel_err).  The reference rounds P relative to
+ * the row's max, as whole rows do, so only the float32 sum order and the
+ * exp differ - but an exp one ulp apart can put a weight on the other side
+ * of a bf16 rounding boundary (2^-8 of that weight): <= 5e-4, against the
+ * 2e-3 of the flash driver, whose P is rounded against running maxima.
+ * Out bf16 adds its own rounding (8 significant bits: up to 2^-8 of a
+ * value): <= 4.5e-3.  Bit-identical for 1 and 3 threads. */
+TEST(attention_short_bf16_serves_sdpa) {
+    if (!bf16_rows_run())
+        SKIP("bf16 whole rows: no AVX512_BF16 (or AMX takes bf16 here) and no emulation");
+    static const rows_case cases[] = {
+        {1, 1, 1, 1, 1, false},   {2, 3, 3, 7, 5, false},    {1, 2, 2, 17, 16, true},
+        {3, 4, 2, 37, 33, false}, {2, 6, 3, 130, 32, true},  {1, 2, 1, 64, 80, false},
+        {1, 1, 1, 200, 64, true}, {1, 2, 2, 300, 128, false}, {4, 3, 3, 9, 1, true},
+        {1, 1, 1, 33, 2, false},  {1, 2, 2, 31, 3, true},    {1, 1, 1, 65, 48, false},
+    };
+    const int threads = mha_get_num_threads();
+    double worst = 0.0, worst16 = 0.0;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const rows_case *rc = &cases[i];
+        const size_t no = (size_t)(rc->B * rc->Hq * rc->L * rc->d);
+        rows_data r;
+        rows_make(&r, rc, 1300 + i);
+        uint16_t *buf, *o16;
+        mha_tensor t[4];
+        rows_to_bf16(&r, rc, &buf, &o16, t);
+        mha_sdpa_options opt;
+        mha_sdpa_options_init(&opt);
+        mha_attn_problem p;
+        REQUIRE_OK(mha_sdpa_problem_init(&p, &t[0], &t[1], &t[2], &r.o, &opt));
+        CHECK(mha_attn_short_serves(&p, true));
+        CHECK(!mha_attn_short_serves(&p, false)); /* without the vdpbf16ps products: flash */
+        REQUIRE_OK(mha_sdpa_problem_init(&p, &t[0], &t[1], &t[2], &t[3], &opt));
+        CHECK(mha_attn_short_serves(&p, true));
+        opt.kernel = MHA_KERNEL_REF;
+        REQUIRE_OK(mha_sdpa_forward(&r.o_ref, &t[0], &t[1], &t[2], &opt));
+        opt.kernel = MHA_KERNEL_AVX512;
+        mha_set_num_threads(1);
+        REQUIRE_OK(mha_sdpa_forward(&r.o, &t[0], &t[1], &t[2], &opt));
+        const double e = test_rel_err(r.got, r.want, no);
+        worst = e > worst ? e : worst;
+        if (!(e <= 5e-4))
+            test_fail(__FILE__, __LINE__, "bf16 rows case %zu (L %lld d %lld): %.3g > 5e-4", i,
+                      (long long)rc->L, (long long)rc->d, e);
+        CHECK(e > 0 || rc->L == 1); /* a real comparison */
+        REQUIRE_OK(mha_sdpa_forward(&t[3], &t[0], &t[1], &t[2], &opt));
+        uint16_t *one = malloc(sizeof(uint16_t) * no);
+        memcpy(one, o16, sizeof(uint16_t) * no);
+        for (size_t e2 = 0; e2 < no; e2++)
+            r.got[e2] = mha_bf16_to_float(o16[e2]);
+        const double e16 = test_rel_err(r.got, r.want, no);
+        worst16 = e16 > worst16 ? e16 : worst16;
+        CHECK(e16 <= 4.5e-3);
+        mha_set_num_threads(3);
+        REQUIRE_OK(mha_sdpa_forward(&t[3], &t[0], &t[1], &t[2], &opt));
+        CHECK(memcmp(one, o16, sizeof(uint16_t) * no) == 0);
+        mha_set_num_threads(threads);
+        free(one), free(buf), free(o16);
+        rows_free(&r);
+    }
+    printf("  bf16 whole rows vs reference: out f32 %.2e (bound 5e-4), out bf16 %.2e (bound 4.5e-3)\n",
+           worst, worst16);
+}
+
+/* bf16 rows with an -inf score (an infinite k): the key is skipped as in
+ * the float32 loop, its inf / NaN v never reaching the output; mixed
+ * dtypes and other out dtypes are not served by the bf16 loop. */
+TEST(attention_short_bf16_skips_and_declines) {
+    if (!bf16_rows_run())
+        SKIP("bf16 whole rows: no AVX512_BF16 (or AMX takes bf16 here) and no emulation");
+    rows_case rc = {1, 1, 1, 20, 17, false};
+    rows_data r;
+    rows_make(&r, &rc, 8);
+    uint16_t *buf, *o16;
+    mha_tensor t[4];
+    rows_to_bf16(&r, &rc, &buf, &o16, t);
+    uint16_t *q = t[0].data, *k = t[1].data, *v = t[2].data;
+    for (int64_t c = 0; c < 17; c++) {
+        q[0 * 17 + c] = q[5 * 17 + c] = mha_float_to_bf16(1.0f);
+        k[3 * 17 + c] = mha_float_to_bf16(-INFINITY);
+        v[3 * 17 + c] = mha_float_to_bf16(c % 2 ? INFINITY : NAN);
+    }
+    mha_sdpa_options opt;
+    mha_sdpa_options_init(&opt);
+    opt.kernel = MHA_KERNEL_REF;
+    REQUIRE_OK(mha_sdpa_forward(&r.o_ref, &t[0], &t[1], &t[2], &opt));
+    opt.kernel = MHA_KERNEL_AVX512;
+    REQUIRE_OK(mha_sdpa_forward(&r.o, &t[0], &t[1], &t[2], &opt));
+    for (int64_t c = 0; c < 17; c++) {
+        CHECK(isfinite(r.got[c]) && isfinite(r.got[5 * 17 + c]));
+        CHECK(fabsf(r.got[5 * 17 + c] - r.want[5 * 17 + c]) <= 1e-4f);
+    }
+    CHECK(test_rel_err(r.got, r.want, 20 * 17) <= 1e-4);
+    mha_attn_problem p;
+    mha_tensor vf = r.v; /* float32 v beside bf16 q, k */
+    REQUIRE_OK(mha_sdpa_problem_init(&p, &t[0], &t[1], &vf, &r.o, &opt));
+    CHECK(!mha_attn_short_serves(&p, true));
+    mha_tensor o16t = t[3]; /* f16 out */
+    o16t.dtype = MHA_F16;
+    if (mha_sdpa_problem_init(&p, &t[0], &t[1], &t[2], &o16t, &opt) == MHA_OK)
+        CHECK(!mha_attn_short_serves(&p, true));
+    uint16_t ctx[17];
+    CHECK_STATUS(mha_attn_short_bf16_avx512(ctx, MHA_F16, 17, q, k, v, 17, 1, 20, 1, 17, 1.0f,
+                                            NULL),
+                 MHA_ERR_DTYPE);
+    free(buf), free(o16);
     rows_free(&r);
 }

@@ -32,7 +32,7 @@ mha_status mha_attn_short_f32_avx512(float *ctx, int64_t ldo, const float *q, co
                                      int64_t H, int64_t d, float scale, float *ws) {
     MHA_TRY(mha_avx512_check());
     (*MHA_AVX512_PICK(mha_attn_short_avx512_loop))(ctx, ldo, q, k, v, ld, L, S, H, d, scale,
-                                                   ws);
+                                                   -1, ws);
     return MHA_OK;
 }
 
@@ -45,7 +45,7 @@ mha_status mha_attn_short_bf16_avx512(void *ctx, mha_dtype out, int64_t ldo, con
     MHA_CHECK(out == MHA_F32 || out == MHA_BF16, MHA_ERR_DTYPE,
               "attention: the bf16 whole rows write float32 or bf16 only");
     (*MHA_AVX512_PICK(mha_attn_short_bf16_avx512_loop))(ctx, out, ldo, q, k, v, ld, L, S, H, d,
-                                                        scale, ws);
+                                                        scale, -1, ws);
     return MHA_OK;
 }
 
@@ -69,7 +69,10 @@ bool mha_attn_short_serves(const mha_attn_problem *p, bool bf16_dots) {
             return false;
     if (!short_dtypes(p, bf16_dots))
         return false;
-    const bool plain = !p->mask.data && !p->kpm.data && p->causal == MHA_CAUSAL_NONE &&
+    /* causal on the main diagonal only (L = S: top-left = bottom-right) */
+    const bool diagonal = p->causal == MHA_CAUSAL_NONE ||
+                          (!p->offsets.data && !p->bottom_right_kv && p->causal_offset == 0);
+    const bool plain = !p->mask.data && !p->kpm.data && diagonal &&
                        !p->dropout && !p->attn_weights.data && p->softcap <= 0.0f &&
                        !p->window && !p->kv_len.data && !p->alibi.data && !p->sinks.data &&
                        !p->lse.data && !p->qk.data && !p->softmax_f64 && !p->onnx_scale;
@@ -119,6 +122,7 @@ mha_status mha_attn_short_run(const mha_attn_problem *p) {
     const int64_t rows = rows_per_item(p, nthreads), pieces = (p->L + rows - 1) / rows;
     const int64_t items = p->B * p->Hq * pieces, G = p->Hq / p->Hkv, ld = p->q.stride[2];
     const size_t per_thread = (size_t)thread_floats(p->S, p->d);
+    const bool causal = p->causal != MHA_CAUSAL_NONE;
 
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
     for (int64_t t = 0; t < items; t++) {
@@ -129,14 +133,16 @@ mha_status mha_attn_short_run(const mha_attn_problem *p) {
         const int64_t vo = b * p->v.stride[0] + hk * p->v.stride[1];
         const int64_t oo = b * p->o.stride[0] + h * p->o.stride[1] + i0 * p->o.stride[2];
         float *ws = buf + (size_t)mha_thread_index() * per_thread;
+        /* causal (L = S): rows i0.. see keys 0..i0 + n - 1 only */
+        const int64_t diag = causal ? i0 : -1, S = causal ? i0 + n : p->S;
         void *o = (char *)p->o.data + (size_t)oo * es;
         if (bf16)
             fn16(o, p->o.dtype, p->o.stride[2], (const uint16_t *)p->q.data + qo,
-                 (const uint16_t *)p->k.data + ko, (const uint16_t *)p->v.data + vo, ld, n, p->S,
-                 1, p->d, p->scale, ws);
+                 (const uint16_t *)p->k.data + ko, (const uint16_t *)p->v.data + vo, ld, n, S,
+                 1, p->d, p->scale, diag, ws);
         else
             fn(o, p->o.stride[2], (const float *)p->q.data + qo, (const float *)p->k.data + ko,
-               (const float *)p->v.data + vo, ld, n, p->S, 1, p->d, p->scale, ws);
+               (const float *)p->v.data + vo, ld, n, S, 1, p->d, p->scale, diag, ws);
     }
     if (!planned)
         mha_free(buf);

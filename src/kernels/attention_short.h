@@ -45,10 +45,13 @@ void mha_attn_short_f32_avx2(float *ctx, int64_t ldo, const float *q, const floa
                              const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
                              int64_t d, float scale, float *ws);
 
-/* The kernel's signature, for the avx512 loop's exported pointer. */
+/* The avx512 loop's signature (its exported pointer): the kernel's, and
+ * diag: -1, or causal masking with row i attending to keys 0..diag + i
+ * (diag + L <= S: a block of query rows starting at row diag of a causal
+ * L = S problem, given the keys 0..diag + L - 1 it can see). */
 typedef void (*mha_attn_short_fn)(float *ctx, int64_t ldo, const float *q, const float *k,
                                   const float *v, int64_t ld, int64_t L, int64_t S,
-                                  int64_t H, int64_t d, float scale, float *ws);
+                                  int64_t H, int64_t d, float scale, int64_t diag, float *ws);
 /* The AVX-512 loop (attention_short_avx512.c; any d >= 1): taken only by
  * mha_attn_short_f32_avx512 with MHA_AVX512_PICK. */
 MHA_AVX512_DECLARE(mha_attn_short_fn, mha_attn_short_avx512_loop);
@@ -59,11 +62,11 @@ mha_status mha_attn_short_f32_avx512(float *ctx, int64_t ldo, const float *q, co
                                      int64_t H, int64_t d, float scale, float *ws);
 
 /* The bf16 loop's signature: q, k, v bf16 as above, ctx float32 (out
- * MHA_F32) or bf16 (MHA_BF16) rows ldo elements apart. */
+ * MHA_F32) or bf16 (MHA_BF16) rows ldo elements apart; diag as above. */
 typedef void (*mha_attn_short_bf16_fn)(void *ctx, mha_dtype out, int64_t ldo, const uint16_t *q,
                                        const uint16_t *k, const uint16_t *v, int64_t ld,
                                        int64_t L, int64_t S, int64_t H, int64_t d, float scale,
-                                       float *ws);
+                                       int64_t diag, float *ws);
 /* The AVX512_BF16 loop (attention_short_avx512bf16.c; any d >= 1): taken
  * only by mha_attn_short_bf16_avx512 and mha_attn_short_run. */
 MHA_AVX512_DECLARE(mha_attn_short_bf16_fn, mha_attn_short_bf16_avx512_loop);
@@ -78,11 +81,12 @@ mha_status mha_attn_short_bf16_avx512(void *ctx, mha_dtype out, int64_t ldo, con
  * MHA_KERNEL_AVX512, after mha_avx512_runs()): q, k, v and out float32,
  * or q, k, v bf16 with out float32 or bf16 when bf16_dots (the caller's
  * word that the flash driver would take the vdpbf16ps products: an
- * AVX512_BF16 CPU without AMX, whose tiles keep bf16); unit column strides and one row stride for q, k and v,
- * d = dv, L = S, no mask, bias, causal masking, dropout, weights, LSE,
- * sinks or ONNX outputs; and S d <= 65536 (one head's float32 K^T and V,
- * 512 KiB, in half of a 1 MiB L2), or d <= 64 and S <= 4096 (measured: see
- * the top of this file). */
+ * AVX512_BF16 CPU without AMX, whose tiles keep bf16); unit column strides
+ * and one row stride for q, k and v, d = dv, L = S, no mask, bias,
+ * dropout, weights, LSE, sinks or ONNX outputs (causal masking either way
+ * is taken: with L = S top-left and bottom-right are the same); and
+ * S d <= 65536 (one head's float32 K^T and V, 512 KiB, in half of a 1 MiB
+ * L2), or d <= 64 and S <= 4096 (measured: see the top of this file). */
 bool mha_attn_short_serves(const mha_attn_problem *p, bool bf16_dots);
 /* p (mha_attn_short_serves) on the avx512 loop of its dtype: items of
  * (batch, query head, rows), as many as the threads want; the caller's

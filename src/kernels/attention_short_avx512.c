@@ -169,10 +169,13 @@ static void gather_kt(float *kt, int64_t Sp, const float *k, int64_t ld, int64_t
         }
 }
 
-/* The kernel (attention_short.h's signature; ws: mha_attn_short_ws_floats). */
+/* The kernel (attention_short.h's signature; ws: mha_attn_short_ws_floats).
+ * diag >= 0 (causal): row i sees keys 0..diag + i, so a block of rows
+ * stops its products at its last row's keys and each row's softmax at its
+ * own, the P entries between the two set to zero. */
 static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const float *k,
                               const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
-                              int64_t d, float scale, float *ws) {
+                              int64_t d, float scale, int64_t diag, float *ws) {
     const int64_t Lp = (S + NV - 1) / NV * NV;
     /* scores in log2 units: the softmax's e^(x) is 2^(x log2 e) */
     const float scale2 = scale * 1.44269504088896341f;
@@ -191,13 +194,19 @@ static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const flo
                 pr[r] = sr[r];
                 orow[r] = ctx + i * ldo + h * d;
             }
-            mm_rows(sr, qr, kt, Lp, d, Lp, rows, &scale2, 0);
-            for (int r = 0; r < rows; r++)
-                l[r] = softmax_row(sr[r], S, &skips[r]);
-            mm_rows(orow, pr, v + h * d, ld, S, d, rows, l, 1);
+            const int64_t Sb = diag >= 0 ? diag + i0 + rows : S; /* keys the block sees */
+            mm_rows(sr, qr, kt, Lp, d, Sb, rows, &scale2, 0);
+            for (int r = 0; r < rows; r++) {
+                const int64_t Sr = diag >= 0 ? diag + i0 + r + 1 : S;
+                l[r] = softmax_row(sr[r], Sr, &skips[r]);
+                for (int64_t j = Sr; j < Sb; j++)
+                    sr[r][j] = 0.0f;
+            }
+            mm_rows(orow, pr, v + h * d, ld, Sb, d, rows, l, 1);
             for (int r = 0; r < rows; r++)
                 if (skips[r])
-                    pv_row_skipping(orow[r], sr[r], v + h * d, ld, S, d, l[r]);
+                    pv_row_skipping(orow[r], sr[r], v + h * d, ld,
+                                    diag >= 0 ? diag + i0 + r + 1 : S, d, l[r]);
         }
     }
 }

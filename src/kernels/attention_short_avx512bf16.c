@@ -26,7 +26,9 @@
  *            an -inf score marks its key -0.0 and the row's P V is redone
  *            skipping it, as the float32 loop does
  *   ctx (8, d) = P V / l                    (dp_block: A P pairs, B vp),
- *            stored as float32 or rounded to bf16.
+ *            stored as float32 or rounded to bf16;
+ * causal (diag >= 0), the products stop at the block's last row's keys
+ * and each row's softmax at its own, zeros between: half the work.
  * Register blocking (dp_block): 8 rows x 2 ZMM = 16 accumulators; per pair
  * step 2 loads of B, 8 broadcasts of an A pair and 16 vdpbf16ps (64 MACs
  * each): the float32 block's shape at twice its multiply-adds.  Products of
@@ -107,18 +109,18 @@ dp_block(void *const c[R], const uint32_t *const a[R], const uint32_t *b, int64_
 }
 
 /* C (rows, n) = A B as above over column panels of 32 (c[r] advancing by
- * es bytes a column), B panel-major: panel P (K, 32) at b + P K 32; the
- * last panel under masks. */
+ * es bytes a column), B panel-major: panel P at b + P rows 32, its first K
+ * rows of 32 pairs taken; the last panel under masks. */
 static void dp_rows(void *const c[R], size_t es, const uint32_t *const a[R], const uint32_t *b,
-                    int64_t K, int64_t n, int rows, const float *f, const int div,
-                    const int bf16_out) {
+                    int64_t rows_b, int64_t K, int64_t n, int rows, const float *f,
+                    const int div, const int bf16_out) {
     for (int64_t p = 0; p < n; p += PW) {
         void *cp[R];
         for (int r = 0; r < R; r++)
             cp[r] = (char *)c[r] + (size_t)p * es;
         const int64_t left = n - p;
         const __mmask16 m0 = mask16(left), m1 = left > NV ? mask16(left - NV) : 0;
-        const uint32_t *bp = b + p * K; /* panel p / PW */
+        const uint32_t *bp = b + p * rows_b; /* panel p / PW */
 #define MHA_DP(div_, nv_, out_) dp_block(cp, a, bp, PW, K, m0, m1, rows, f, div_, nv_, out_)
         if (!div)
             left > NV ? MHA_DP(0, 2, 0) : MHA_DP(0, 1, 0);
@@ -220,7 +222,8 @@ static void pv_row_skipping(void *o, bool bf16_out, const uint16_t *pb, const ui
  * mha_attn_short_ws_floats). */
 static void attn_short_bf16_avx512(void *ctx, mha_dtype out, int64_t ldo, const uint16_t *q,
                                    const uint16_t *k, const uint16_t *v, int64_t ld, int64_t L,
-                                   int64_t S, int64_t H, int64_t d, float scale, float *ws) {
+                                   int64_t S, int64_t H, int64_t d, float scale, int64_t diag,
+                                   float *ws) {
     const int64_t Lp = (S + PW - 1) / PW * PW, d2 = (d + 1) / 2, S2 = (S + 1) / 2;
     const int64_t dvp = (d + PW - 1) / PW * PW;
     const bool bf16_out = out == MHA_BF16;
@@ -253,13 +256,18 @@ static void attn_short_bf16_avx512(void *ctx, mha_dtype out, int64_t ldo, const 
                 pr[r] = (const uint32_t *)(const void *)(pb + rr * Lp);
                 orow[r] = (char *)ctx + (size_t)(i * ldo + h * d) * es;
             }
-            dp_rows(sr, 4, qr, kt, d2, Lp, rows, &scale2, 0, 0);
+            /* diag >= 0 (causal): the block's keys end at its last row's,
+             * each row's P at its own (zeros between, to the block's panels) */
+            const int64_t Sb = diag >= 0 ? diag + i0 + rows : S, Lb = (Sb + PW - 1) / PW * PW;
+            dp_rows(sr, 4, qr, kt, d2, d2, Lb, rows, &scale2, 0, 0);
             for (int r = 0; r < rows; r++)
-                l[r] = softmax_row_bf16(pb + r * Lp, sc + r * Lp, S, Lp, &skips[r]);
-            dp_rows(orow, es, pr, vp, S2, d, rows, l, 1, bf16_out);
+                l[r] = softmax_row_bf16(pb + r * Lp, sc + r * Lp,
+                                        diag >= 0 ? diag + i0 + r + 1 : S, Lb, &skips[r]);
+            dp_rows(orow, es, pr, vp, S2, (Sb + 1) / 2, d, rows, l, 1, bf16_out);
             for (int r = 0; r < rows; r++)
                 if (skips[r])
-                    pv_row_skipping(orow[r], bf16_out, pb + r * Lp, v + h * d, ld, S, d, l[r]);
+                    pv_row_skipping(orow[r], bf16_out, pb + r * Lp, v + h * d, ld,
+                                    diag >= 0 ? diag + i0 + r + 1 : S, d, l[r]);
         }
     }
 }

@@ -304,10 +304,18 @@ static double rows_compare(const rows_data *r, const rows_case *rc, const char *
     return worst;
 }
 
+/* Case i's masking: none, causal top-left, causal bottom-right in turn
+ * (with L = S the two are the same diagonal). */
+static mha_causal causal_of(size_t i) {
+    const mha_causal modes[3] = {MHA_CAUSAL_NONE, MHA_CAUSAL_TOP_LEFT, MHA_CAUSAL_BOTTOM_RIGHT};
+    return modes[i % 3];
+}
+
 /* The avx512 kernel of mha_sdpa_forward takes plain problems whose rows fit
- * to the whole-row loop: odd shapes (L = 1, L and d not multiples of 16 or
- * 8, d = 1, h = 1, GQA, interleaved heads) against the reference kernel;
- * bit-identical for 1 and 3 threads; what it must not take goes elsewhere. */
+ * to the whole-row loop, causal ones too: odd shapes (L = 1, L and d not
+ * multiples of 16 or 8, d = 1, h = 1, GQA, interleaved heads) against the
+ * reference kernel; bit-identical for 1 and 3 threads; what it must not
+ * take goes elsewhere. */
 TEST(attention_short_serves_sdpa_on_avx512) {
     if (!mha_avx512_runs())
         SKIP("avx512: this CPU lacks AVX-512 and the test library has no emulation");
@@ -324,6 +332,7 @@ TEST(attention_short_serves_sdpa_on_avx512) {
         rows_make(&r, rc, seed++);
         mha_sdpa_options opt;
         mha_sdpa_options_init(&opt);
+        opt.causal = causal_of(i); /* every third case plain, causal either way */
         CHECK(served(&r, &opt));
         opt.kernel = MHA_KERNEL_REF;
         CHECK_STATUS(mha_sdpa_forward(&r.o_ref, &r.q, &r.k, &r.v, &opt), MHA_OK);
@@ -351,8 +360,14 @@ TEST(attention_short_serves_only_plain_problems) {
     mha_sdpa_options opt;
     mha_sdpa_options_init(&opt);
     CHECK(served(&r, &opt));
-    opt.causal = MHA_CAUSAL_TOP_LEFT;
+    opt.causal = MHA_CAUSAL_TOP_LEFT; /* the main diagonal: served */
+    CHECK(served(&r, &opt));
+    opt.causal = MHA_CAUSAL_BOTTOM_RIGHT;
+    CHECK(served(&r, &opt));
+    opt.causal = MHA_CAUSAL_OFFSET, opt.causal_offset = 3; /* another diagonal: not */
     CHECK(!served(&r, &opt));
+    opt.causal_offset = 0;
+    CHECK(served(&r, &opt));
     mha_sdpa_options_init(&opt);
     opt.training = 1, opt.dropout_p = 0.1f;
     CHECK(!served(&r, &opt));
@@ -445,7 +460,8 @@ static void rows_to_bf16(const rows_data *r, const rows_case *rc, uint16_t **buf
 /* bf16 problems go to the bf16 loop where the avx512 kernel has it: odd
  * shapes (L = 1, d = 1, odd d: a half pair; L, d not multiples of 16 or 32;
  * GQA; interleaved heads) against the reference kernel on the same bf16
- * values, normalised (test_rel_err).  The reference rounds P relative to
+ * values, normalised (test_rel_err), plain and causal either way (cases in
+ * turn).  The reference rounds P relative to
  * the row's max, as whole rows do, so only the float32 sum order and the
  * exp differ - but an exp one ulp apart can put a weight on the other side
  * of a bf16 rounding boundary (2^-8 of that weight): <= 5e-4, against the
@@ -473,6 +489,7 @@ TEST(attention_short_bf16_serves_sdpa) {
         rows_to_bf16(&r, rc, &buf, &o16, t);
         mha_sdpa_options opt;
         mha_sdpa_options_init(&opt);
+        opt.causal = causal_of(i + 1);
         mha_attn_problem p;
         REQUIRE_OK(mha_sdpa_problem_init(&p, &t[0], &t[1], &t[2], &r.o, &opt));
         CHECK(mha_attn_short_serves(&p, true));

@@ -125,7 +125,13 @@ TEST(core_causal_alignments_equal_explicit_masks) {
             mha_sdpa_options_init(&opt);
             opt.attn_mask = &mk;
             REQUIRE_OK(mha_sdpa_forward(&c.out, &c.q, &c.k, &c.v, &opt));
-            CHECK(memcmp(o_mode, c.od, n * sizeof(float)) == 0);
+            /* the same bits, but where a causal L = S problem takes the
+             * whole-row loop on AVX-512 and the mask the flash tiles: their
+             * float32 sums differ in order, not beyond 1e-6 */
+            if (L != S)
+                CHECK(memcmp(o_mode, c.od, n * sizeof(float)) == 0);
+            else
+                CHECK(test_rel_err(o_mode, c.od, n) <= 1e-6);
             /* rows above the diagonal's start are fully masked: exactly zero */
             for (int64_t i = 0; i < L; i++)
                 if (i + diag[m] < 0)

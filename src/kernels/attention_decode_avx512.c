@@ -55,20 +55,6 @@ static inline __attribute__((always_inline)) __m512 load16(const void *p, mha_dt
     }
 }
 
-/* Asks for every 64-byte line of [p, p + bytes) at once, right before a
- * tile's loads use them.  The loads of a tile are spread over its FMA
- * chains, so on their own only a few of its lines are in flight; asking
- * for the tile's 2-8 KiB up front overlaps those misses.  Measured on Zen 4
- * (H 32, Hkv 8, d 128, S 32768, 2 threads, medians of 7 alternated runs):
- * the float32 step 23.0 -> 18.3 ms (37 % -> 53 % of the measured read
- * bandwidth), bf16 13.1 -> 9.2 ms, fp16 12.0 -> 10.3 ms; asking for the
- * next tile's or block's lines instead (4, 8 or 16 rows ahead) was no
- * better for K and worse for V. */
-static inline __attribute__((always_inline)) void touch_lines(const void *p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64)
-        _mm_prefetch((const char *)p + o, _MM_HINT_T0);
-}
-
 /* r[i] = the sum of the 16 lanes of a[i], i < 16: a transpose-add tree.
  * Level 1 adds 256-bit halves of pairs, level 2 128-bit quarters of pairs
  * of those, levels 3 and 4 pairs of floats then single floats within each
@@ -144,7 +130,7 @@ static inline __attribute__((always_inline)) void qk_heads(float *s, const float
     const size_t es = dt == MHA_F32 ? 4 : 2;
     int64_t j = 0;
     for (; j + KB <= n; j += KB) {
-        touch_lines((const char *)k + (size_t)(j * d) * es, (size_t)(KB * d) * es);
+        mha_decode_touch_lines((const char *)k + (size_t)(j * d) * es, (size_t)(KB * d) * es);
         qk_tile(s, q, k, dt, n, d, j, GN, KB);
     }
     if (KB > 8 && j + 8 <= n)
@@ -236,7 +222,7 @@ static inline __attribute__((always_inline)) void pv_heads(float *acc, const flo
         const int64_t nb = n - j0 < PV_KEYS ? n - j0 : PV_KEYS;
         const void *vb = (const char *)v + (size_t)(j0 * dv) * es;
         const float *pb = p + j0;
-        touch_lines(vb, (size_t)(nb * dv) * es);
+        mha_decode_touch_lines(vb, (size_t)(nb * dv) * es);
         int64_t x = 0;
         for (; x + 16 * CB <= dv; x += 16 * CB)
             pv_tile(acc, pb, vb, dt, n, nb, dv, x, 0xffff, 1, GN, CB);

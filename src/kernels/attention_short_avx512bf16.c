@@ -30,7 +30,7 @@
  * causal (diag >= 0), the products stop at the block's last row's keys
  * and each row's softmax at its own, zeros between: half the work.
  * Register blocking (dp_block): 8 rows x 2 ZMM = 16 accumulators; per pair
- * step 2 loads of B, 8 broadcasts of an A pair and 16 vdpbf16ps (64 MACs
+ * step 2 loads of B, 8 broadcasts of an A pair and 16 vdpbf16ps (32 MACs
  * each): the float32 block's shape at twice its multiply-adds.  Products of
  * bf16 values are exact in float32 and vdpbf16ps sums them in float32
  * (attention_flash_avx512bf16.c, "Precision"), so the scores differ from

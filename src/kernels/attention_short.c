@@ -14,9 +14,9 @@ int64_t mha_attn_short_ws_floats(int64_t S, int64_t d) {
      * rounded to 16) and 8 score rows; avx512 bf16: K^T pairs (ceil(d/2),
      * S rounded to 32), V pairs (ceil(S/2), d rounded to 32), 8 score rows,
      * 8 bf16 P rows, 8 q rows of pairs; the largest; the reference: 1 row */
-    const int64_t Lp8 = (S + 7) / 8 * 8, Lp16 = round16(S), Lp32 = (S + 31) / 32 * 32;
+    const int64_t Lp8 = (S + 7) / 8 * 8, Lp32 = (S + 31) / 32 * 32;
     const int64_t d2 = (d + 1) / 2, dv32 = (d + 31) / 32 * 32;
-    const int64_t avx2 = (d + 4) * Lp8 + 8, avx512 = (d + 8) * Lp16;
+    const int64_t avx2 = (d + 4) * Lp8 + 8, avx512 = (d + 8) * Lp32;
     const int64_t bf16 = round16(d2 * Lp32) + round16((S + 1) / 2 * dv32) + 8 * Lp32 +
                          4 * Lp32 + 8 * d2;
     const int64_t most = avx2 > avx512 ? avx2 : avx512;
@@ -78,9 +78,9 @@ bool mha_attn_short_serves(const mha_attn_problem *p, bool bf16_dots) {
                        !p->lse.data && !p->qk.data && !p->softmax_f64 && !p->onnx_scale;
     const bool shaped = p->L == p->S && p->d == p->dv && p->q.stride[2] == p->k.stride[2] &&
                         p->k.stride[2] == p->v.stride[2];
-    /* one head's K^T and V in half of a 1 MiB L2, or the d <= 64 rows
-     * measured faster up to 4096 keys (attention_short.h) */
-    const bool fits = p->S * p->d <= 65536 || (p->d <= 64 && p->S <= 4096);
+    /* one head's float32 K^T and V up to 2 MiB each: measured faster than
+     * the flash tiles to there (attention_short.h) */
+    const bool fits = p->S * p->d <= 524288;
     return plain && shaped && fits;
 }
 

@@ -15,8 +15,11 @@
  * the caches.  This kernel keeps one head's K^T (d x S) and a block of whole
  * score rows, reads v in place and runs each softmax once, on the whole row.
  * Measured on Zen 4 (docs/performance.md, "Whole rows"): 1.1-1.7x the flash
- * driver from L = 64 to 1024 at d = 32 and 64 (1.03-1.06x at 2048-4096),
- * level with it at d = 128 and S d = 65536, behind it beyond at d = 128.
+ * driver from L = 64 to 1024 at d = 32 and 64 (1.03-1.06x at 2048-4096);
+ * with K^T in panels of 32 keys (a contiguous stream per panel, where rows
+ * S apart strided through L2) 1.05-1.17x the flash driver also at d = 128
+ * and 256 and up to S d = 524288 (L 8192 d 64, L 4096 d 128, L 2048 d 256),
+ * about level at S d = 2^20.
  * bf16 q, k, v take a twin on vdpbf16ps (attention_short_avx512bf16.c),
  * whose gain is larger since the products shrink and the flash softmax
  * does not: 1.04-1.7x the flash driver's bf16 forward, 1.5-2.3x the
@@ -85,8 +88,8 @@ mha_status mha_attn_short_bf16_avx512(void *ctx, mha_dtype out, int64_t ldo, con
  * and one row stride for q, k and v, d = dv, L = S, no mask, bias,
  * dropout, weights, LSE, sinks or ONNX outputs (causal masking either way
  * is taken: with L = S top-left and bottom-right are the same); and
- * S d <= 65536 (one head's float32 K^T and V, 512 KiB, in half of a 1 MiB
- * L2), or d <= 64 and S <= 4096 (measured: see the top of this file). */
+ * S d <= 524288 (one head's float32 K^T and V up to 2 MiB each; measured:
+ * see the top of this file). */
 bool mha_attn_short_serves(const mha_attn_problem *p, bool bf16_dots);
 /* p (mha_attn_short_serves) on the avx512 loop of its dtype: items of
  * (batch, query head, rows), as many as the threads want; the caller's

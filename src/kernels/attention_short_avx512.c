@@ -1,11 +1,12 @@
 /* attention_short_avx512.c - the whole-row attention (attention_short.h)
  * with AVX-512 (F/DQ/BW/VL).  Letters: L query rows, S keys, H heads, d
- * head width (any d >= 1), Lp = S rounded up to 16 (one ZMM of keys), R = 8
+ * head width (any d >= 1), Lp = S rounded up to 32 (a panel of keys), R = 8
  * query rows.
  * Compiled with AVX512_FLAGS; reached only through mha_attn_short_f32_avx512
  * (attention_short.c), after mha_avx512_runs() - natively or emulated.
  *
- * Per head: K^T (d, Lp) is gathered once (zeros past S).  Per block of R = 8
+ * Per head: K^T (Lp/32, d, 32) is gathered once, in panels of 32 keys (zeros
+ * past S; each panel one contiguous stream for Q K^T).  Per block of R = 8
  * query rows:
  *   sc (8, Lp) = scale * q K^T      (mm_block: A = the q rows, B = K^T)
  *   per row  p = exp(s - max s), l = sum p   (16 keys a vector, the last
@@ -87,25 +88,28 @@ mm_block(float *const c[R], const float *const a[R], const float *b, int64_t ldb
     }
 }
 
-/* C (rows, n) = A B as above over column panels of 32 (c[r], B advance with
- * the panel); the last panel's vectors under masks.  div as in mm_block. */
+/* C (rows, n) = A B as above over column panels of 32 (c[r] with the
+ * panel), panel P of B at b + P pstride (rows ldb apart within it); the
+ * last panel's vectors under masks.  div as in mm_block. */
 static void mm_rows(float *const c[R], const float *const a[R], const float *b, int64_t ldb,
-                    int64_t K, int64_t n, int rows, const float *f, const int div) {
+                    int64_t pstride, int64_t K, int64_t n, int rows, const float *f,
+                    const int div) {
     for (int64_t p = 0; p < n; p += 2 * NV) {
         float *cp[R];
         for (int r = 0; r < R; r++)
             cp[r] = c[r] + p;
+        const float *bp = b + p / (2 * NV) * pstride;
         const int64_t left = n - p;
         if (left > NV) {
             if (div)
-                mm_block(cp, a, b + p, ldb, K, mask16(left), mask16(left - NV), rows, f, 1, 2);
+                mm_block(cp, a, bp, ldb, K, mask16(left), mask16(left - NV), rows, f, 1, 2);
             else
-                mm_block(cp, a, b + p, ldb, K, mask16(left), mask16(left - NV), rows, f, 0, 2);
+                mm_block(cp, a, bp, ldb, K, mask16(left), mask16(left - NV), rows, f, 0, 2);
         } else {
             if (div)
-                mm_block(cp, a, b + p, ldb, K, mask16(left), 0, rows, f, 1, 1);
+                mm_block(cp, a, bp, ldb, K, mask16(left), 0, rows, f, 1, 1);
             else
-                mm_block(cp, a, b + p, ldb, K, mask16(left), 0, rows, f, 0, 1);
+                mm_block(cp, a, bp, ldb, K, mask16(left), 0, rows, f, 0, 1);
         }
     }
 }
@@ -149,8 +153,9 @@ static void pv_row_skipping(float *o, const float *p, const float *v, int64_t ld
         o[c] /= l;
 }
 
-/* kt (d, Sp) = K^T of k (S, d) rows ld apart, zeros for the keys S..Sp:
- * 16 x 16 blocks by transpose16_ps, partial ones under masks. */
+/* kt (Sp/32, d, 32) = K^T of k (S, d) rows ld apart in panels of 32 keys,
+ * zeros for the keys S..Sp (Sp a multiple of 32): 16 x 16 blocks by
+ * transpose16_ps, partial ones under masks. */
 static void gather_kt(float *kt, int64_t Sp, const float *k, int64_t ld, int64_t S, int64_t d) {
     for (int64_t j0 = 0; j0 < Sp; j0 += NV)
         for (int64_t c0 = 0; c0 < d; c0 += NV) {
@@ -162,10 +167,11 @@ static void gather_kt(float *kt, int64_t Sp, const float *k, int64_t ld, int64_t
                                   : _mm512_setzero_ps();
             transpose16_ps(r);
             const int64_t nc = d - c0;
+            float *panel = kt + j0 / (2 * NV) * d * 2 * NV + j0 % (2 * NV);
 #pragma GCC unroll 16
             for (int c = 0; c < NV; c++)
                 if (c < nc)
-                    _mm512_storeu_ps(kt + (c0 + c) * Sp + j0, r[c]);
+                    _mm512_storeu_ps(panel + (c0 + c) * 2 * NV, r[c]);
         }
 }
 
@@ -176,7 +182,7 @@ static void gather_kt(float *kt, int64_t Sp, const float *k, int64_t ld, int64_t
 static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const float *k,
                               const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
                               int64_t d, float scale, int64_t diag, float *ws) {
-    const int64_t Lp = (S + NV - 1) / NV * NV;
+    const int64_t Lp = (S + 2 * NV - 1) / (2 * NV) * (2 * NV);
     /* scores in log2 units: the softmax's e^(x) is 2^(x log2 e) */
     const float scale2 = scale * 1.44269504088896341f;
     float *kt = ws, *sc = ws + d * Lp; /* K^T (d, Lp), scores (R, Lp) */
@@ -195,14 +201,14 @@ static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const flo
                 orow[r] = ctx + i * ldo + h * d;
             }
             const int64_t Sb = diag >= 0 ? diag + i0 + rows : S; /* keys the block sees */
-            mm_rows(sr, qr, kt, Lp, d, Sb, rows, &scale2, 0);
+            mm_rows(sr, qr, kt, 2 * NV, d * 2 * NV, d, Sb, rows, &scale2, 0);
             for (int r = 0; r < rows; r++) {
                 const int64_t Sr = diag >= 0 ? diag + i0 + r + 1 : S;
                 l[r] = softmax_row(sr[r], Sr, &skips[r]);
                 for (int64_t j = Sr; j < Sb; j++)
                     sr[r][j] = 0.0f;
             }
-            mm_rows(orow, pr, v + h * d, ld, Sb, d, rows, l, 1);
+            mm_rows(orow, pr, v + h * d, ld, 2 * NV, Sb, d, rows, l, 1);
             for (int r = 0; r < rows; r++)
                 if (skips[r])
                     pv_row_skipping(orow[r], sr[r], v + h * d, ld,

@@ -323,6 +323,7 @@ TEST(attention_short_serves_sdpa_on_avx512) {
         {1, 1, 1, 1, 1, false},   {2, 3, 3, 7, 5, false},    {1, 2, 2, 17, 16, true},
         {3, 4, 2, 37, 33, false}, {2, 6, 3, 130, 32, true},  {1, 2, 1, 64, 80, false},
         {1, 1, 1, 200, 64, true}, {1, 2, 2, 300, 128, false}, {4, 3, 3, 9, 1, true},
+        {1, 1, 1, 700, 100, false}, /* S d past 65536: the panels of 32 keys at length */
     };
     const int threads = mha_get_num_threads();
     uint64_t seed = 900;
@@ -384,8 +385,8 @@ TEST(attention_short_serves_only_plain_problems) {
     r.o.shape[3] = 8;
     CHECK(!served(&r, &opt));
     rows_free(&r);
-    /* one head's rows past the caches: S d > 65536 with d > 64 */
-    rows_case big = {1, 1, 1, 1024, 80, false};
+    /* one head's rows past the measured bound: S d > 524288 */
+    rows_case big = {1, 1, 1, 6600, 80, false};
     rows_make(&r, &big, 6);
     CHECK(!served(&r, &opt));
     rows_free(&r);
@@ -476,6 +477,7 @@ TEST(attention_short_bf16_serves_sdpa) {
         {3, 4, 2, 37, 33, false}, {2, 6, 3, 130, 32, true},  {1, 2, 1, 64, 80, false},
         {1, 1, 1, 200, 64, true}, {1, 2, 2, 300, 128, false}, {4, 3, 3, 9, 1, true},
         {1, 1, 1, 33, 2, false},  {1, 2, 2, 31, 3, true},    {1, 1, 1, 65, 48, false},
+        {1, 1, 1, 600, 120, false},
     };
     const int threads = mha_get_num_threads();
     double worst = 0.0, worst16 = 0.0;

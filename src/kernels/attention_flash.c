@@ -462,8 +462,8 @@ static void block_pv(const flash_plan *pl, const flash_ws *w, int64_t rows, cons
 }
 
 /* S block for rows 0..rows of the tile: fills s, applies the epilogue per
- * row; ncg[g] receives the visible columns of row group g; *fused whether
- * w->rmax holds the rows' maxima (block_qk: every row sees the whole block
+ * row; ncg[g] receives the visible columns of row group g; *fused (when
+ * not NULL) whether w->rmax holds the rows' maxima (block_qk: every row sees the whole block
  * and the block is whole panels).  Returns false when the whole block is
  * masked for every row. */
 static bool score_block(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t h,
@@ -480,7 +480,9 @@ static bool score_block(const flash_plan *pl, const flash_ws *w, int64_t b, int6
         any |= ncg[g] > 0;
         whole &= ncg[g] == n;
     }
-    *fused = any && block_qk(pl, w, rows, kp, ncg, whole ? w->rmax : NULL);
+    const bool got_max = any && block_qk(pl, w, rows, kp, ncg, fused && whole ? w->rmax : NULL);
+    if (fused)
+        *fused = got_max;
     return any;
 }
 
@@ -695,9 +697,8 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
     const int64_t qs2 = qt ? p->qk.stride[2] : 0, qs3 = qt ? p->qk.stride[3] : 0;
     for (int64_t kb = 0; kb < pl->nkb; kb++) {
         const int64_t j0 = kb * BC, n = p->S - j0 < BC ? p->S - j0 : BC;
-        bool fused;
         bool live = kb < nkb &&
-                    score_block(pl, w, b, h, i0, rows, kb, kpack + kb * pl->kblock, ncg, &fused);
+                    score_block(pl, w, b, h, i0, rows, kb, kpack + kb * pl->kblock, ncg, NULL);
         for (int64_t r = 0; r < rows; r++) {
             float *wr = wt + (i0 + r) * wtt->stride[2] + j0 * ws3;
             float *qr = qt ? qt + (i0 + r) * qs2 + j0 * qs3 : NULL;

@@ -32,7 +32,9 @@
  * 16 accumulators leave room for the broadcasts.
  *
  * Memory: one head's K^T and V (S d floats each, 16 KB at S = 128, d = 32)
- * and sc (8 Lp) stay in L1 for the whole head.  K^T is gathered by 16 x 16
+ * and sc (8 Lp) stay in L1 for the whole head at the encoder's lengths; at
+ * the longest served (S d = 524288) K^T and V are 2 MiB each and stream
+ * from L2/L3, a panel of K^T contiguous.  K^T is gathered by 16 x 16
  * register transposes (transpose16_ps): 64 shuffles per 256 floats, where
  * scalar moves took 11% of the time at L = 128, d = 32 (perf, Zen 4).
  *
@@ -185,7 +187,7 @@ static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const flo
     const int64_t Lp = (S + 2 * NV - 1) / (2 * NV) * (2 * NV);
     /* scores in log2 units: the softmax's e^(x) is 2^(x log2 e) */
     const float scale2 = scale * 1.44269504088896341f;
-    float *kt = ws, *sc = ws + d * Lp; /* K^T (d, Lp), scores (R, Lp) */
+    float *kt = ws, *sc = ws + d * Lp; /* K^T (Lp/32, d, 32), scores (R, Lp) */
     for (int64_t h = 0; h < H; h++) {
         gather_kt(kt, Lp, k + h * d, ld, S, d);
         for (int64_t i0 = 0; i0 < L; i0 += R) {
@@ -202,17 +204,17 @@ static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const flo
             }
             const int64_t Sb = diag >= 0 ? diag + i0 + rows : S; /* keys the block sees */
             mm_rows(sr, qr, kt, 2 * NV, d * 2 * NV, d, Sb, rows, &scale2, 0);
+            int64_t lim[R]; /* keys row r sees */
             for (int r = 0; r < rows; r++) {
-                const int64_t Sr = diag >= 0 ? diag + i0 + r + 1 : S;
-                l[r] = softmax_row(sr[r], Sr, &skips[r]);
-                for (int64_t j = Sr; j < Sb; j++)
+                lim[r] = diag >= 0 ? diag + i0 + r + 1 : S;
+                l[r] = softmax_row(sr[r], lim[r], &skips[r]);
+                for (int64_t j = lim[r]; j < Sb; j++)
                     sr[r][j] = 0.0f;
             }
             mm_rows(orow, pr, v + h * d, ld, 2 * NV, Sb, d, rows, l, 1);
             for (int r = 0; r < rows; r++)
                 if (skips[r])
-                    pv_row_skipping(orow[r], sr[r], v + h * d, ld,
-                                    diag >= 0 ? diag + i0 + r + 1 : S, d, l[r]);
+                    pv_row_skipping(orow[r], sr[r], v + h * d, ld, lim[r], d, l[r]);
         }
     }
 }

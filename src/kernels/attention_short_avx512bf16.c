@@ -229,8 +229,8 @@ static void attn_short_bf16_avx512(void *ctx, mha_dtype out, int64_t ldo, const 
     const bool bf16_out = out == MHA_BF16;
     const size_t es = bf16_out ? 2 : 4;
     const float scale2 = scale * 1.44269504088896341f; /* scores in log2 units */
-    /* K^T pairs (d2, Lp), V pairs (S2, dvp), scores (R, Lp), P (R, Lp)
-     * bf16, q pairs (R, d2): 64-byte lines apart */
+    /* K^T pairs (Lp/32, d2, 32), V pairs (dvp/32, S2, 32), scores (R, Lp),
+     * P (R, Lp) bf16, q pairs (R, d2): 64-byte lines apart */
     uint32_t *kt = (uint32_t *)ws;
     uint32_t *vp = kt + (d2 * Lp + 15) / 16 * 16;
     float *sc = (float *)(vp + (S2 * dvp + 15) / 16 * 16);
@@ -244,13 +244,17 @@ static void attn_short_bf16_avx512(void *ctx, mha_dtype out, int64_t ldo, const 
             const uint32_t *qr[R], *pr[R];
             void *sr[R], *orow[R];
             float l[R];
+            int64_t lim[R]; /* keys row r sees */
             bool skips[R];
             for (int r = 0; r < R; r++) { /* rows past the text repeat row 0 */
                 const int64_t i = i0 + (r < rows ? r : 0), rr = r < rows ? r : 0;
-                uint16_t *qh = (uint16_t *)(qb + rr * d2);
-                memcpy(qh, q + i * ld + h * d, sizeof(uint16_t) * (size_t)d);
-                if (d % 2)
-                    qh[d] = 0;
+                if (r < rows) {
+                    uint16_t *qh = (uint16_t *)(qb + r * d2);
+                    memcpy(qh, q + i * ld + h * d, sizeof(uint16_t) * (size_t)d);
+                    if (d % 2)
+                        qh[d] = 0;
+                }
+                lim[r] = diag >= 0 ? diag + i0 + r + 1 : S;
                 qr[r] = qb + rr * d2;
                 sr[r] = sc + rr * Lp;
                 pr[r] = (const uint32_t *)(const void *)(pb + rr * Lp);
@@ -261,13 +265,12 @@ static void attn_short_bf16_avx512(void *ctx, mha_dtype out, int64_t ldo, const 
             const int64_t Sb = diag >= 0 ? diag + i0 + rows : S, Lb = (Sb + PW - 1) / PW * PW;
             dp_rows(sr, 4, qr, kt, d2, d2, Lb, rows, &scale2, 0, 0);
             for (int r = 0; r < rows; r++)
-                l[r] = softmax_row_bf16(pb + r * Lp, sc + r * Lp,
-                                        diag >= 0 ? diag + i0 + r + 1 : S, Lb, &skips[r]);
+                l[r] = softmax_row_bf16(pb + r * Lp, sc + r * Lp, lim[r], Lb, &skips[r]);
             dp_rows(orow, es, pr, vp, S2, (Sb + 1) / 2, d, rows, l, 1, bf16_out);
             for (int r = 0; r < rows; r++)
                 if (skips[r])
-                    pv_row_skipping(orow[r], bf16_out, pb + r * Lp, v + h * d, ld,
-                                    diag >= 0 ? diag + i0 + r + 1 : S, d, l[r]);
+                    pv_row_skipping(orow[r], bf16_out, pb + r * Lp, v + h * d, ld, lim[r], d,
+                                    l[r]);
         }
     }
 }

@@ -222,7 +222,9 @@ ifeq ($(HAVE_SIMDE)$(COV),yes)
   $(TEST_BUILD)/src/%.o: CFLAGS_ += -DMHA_HAVE_AVX512_EMULATION
   $(BUILD)/tests/emu/emu_selftest.o: CFLAGS_ += $(AVX2_FLAGS) -Wno-psabi -DMHA_AVX512_EMULATED \
                                                 -Itests/emu -Isrc/kernels
-  $(BUILD)/tests/unit/test_avx512.o: CFLAGS_ += -DMHA_HAVE_AVX512_EMULATION
+  # (every unit test: one taking a table by MHA_AVX512_PICK must get the
+  # emulated twin where the library runs emulated, never the native code)
+  $(BUILD)/tests/unit/%.o: CFLAGS_ += -DMHA_HAVE_AVX512_EMULATION
   $(TEST_BUILD)/src/kernels/%_emu.o: src/kernels/%.c tests/emu/avx512_emulation.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_) $(AVX2_FLAGS) -Wno-psabi -DMHA_AVX512_EMULATED -Itests/emu -c $< -o $@

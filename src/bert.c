@@ -645,19 +645,17 @@ static mha_status product(const mha_bert *m, const bert_layer *w, bert_proj whic
  * mha_sdpa_forward).  Without weights the short-text kernel with `scratch`
  * (attention_short.h): its avx512 loop where the attention kernel is avx512
  * (MHA_ERR_UNSUPPORTED, as mha_sdpa_forward gives, unless
- * mha_avx512_runs()), its avx2 loop where the kernel is avx2 and the head
- * width suits it; otherwise mha_sdpa_forward, which honours MHA_KERNEL. */
+ * mha_avx512_runs()), its avx2 loop where the kernel is avx2; otherwise
+ * mha_sdpa_forward, which honours MHA_KERNEL. */
 static mha_status attend(float *ctx, int64_t ld_ctx, const float *qkv, int64_t L, int64_t D,
                          int64_t H, mha_tensor *weights, float *scratch) {
     const int64_t dh = D / H;
     if (!weights && mha_kernel_resolve(MHA_KERNEL_AUTO) == MHA_KERNEL_AVX512)
         return mha_attn_short_f32_avx512(ctx, ld_ctx, qkv, qkv + D, qkv + 2 * D, 3 * D, L, L,
                                          H, dh, 1.0f / sqrtf((float)dh), scratch);
-    if (!weights && kernels_are_simd() && mha_attn_short_avx2_fits(dh)) {
-        mha_attn_short_f32_avx2(ctx, ld_ctx, qkv, qkv + D, qkv + 2 * D, 3 * D, L, L, H, dh,
-                                1.0f / sqrtf((float)dh), scratch);
-        return MHA_OK;
-    }
+    if (!weights && kernels_are_simd())
+        return mha_attn_short_f32_avx2(ctx, ld_ctx, qkv, qkv + D, qkv + 2 * D, 3 * D, L, L, H,
+                                       dh, 1.0f / sqrtf((float)dh), scratch);
     mha_tensor q = {(void *)qkv, MHA_F32, 4, {1, H, L, dh}, {L * 3 * D, dh, 3 * D, 1}};
     mha_tensor k = q, v = q;
     k.data = (void *)(qkv + D);

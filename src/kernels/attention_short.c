@@ -10,21 +10,26 @@
 static int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
 
 int64_t mha_attn_short_ws_floats(int64_t S, int64_t d) {
-    /* avx2: K^T (d, S rounded to 8) and 4 score rows; avx512: K^T (d, S
-     * rounded to 16) and 8 score rows; avx512 bf16: K^T pairs (ceil(d/2),
+    /* avx2: K^T (d, S rounded to 16) and 6 score rows; avx512: K^T (d, S
+     * rounded to 32) and 8 score rows; avx512 bf16: K^T pairs (ceil(d/2),
      * S rounded to 32), V pairs (ceil(S/2), d rounded to 32), 8 score rows,
      * 8 bf16 P rows, 8 q rows of pairs; the largest; the reference: 1 row */
-    const int64_t Lp8 = (S + 7) / 8 * 8, Lp32 = (S + 31) / 32 * 32;
+    const int64_t Lp16 = (S + 15) / 16 * 16, Lp32 = (S + 31) / 32 * 32;
     const int64_t d2 = (d + 1) / 2, dv32 = (d + 31) / 32 * 32;
-    const int64_t avx2 = (d + 4) * Lp8 + 8, avx512 = (d + 8) * Lp32;
+    const int64_t avx2 = (d + 6) * Lp16, avx512 = (d + 8) * Lp32;
     const int64_t bf16 = round16(d2 * Lp32) + round16((S + 1) / 2 * dv32) + 8 * Lp32 +
                          4 * Lp32 + 8 * d2;
     const int64_t most = avx2 > avx512 ? avx2 : avx512;
     return bf16 > most ? bf16 : most;
 }
 
-bool mha_attn_short_avx2_fits(int64_t d) {
-    return d > 0 && d % 8 == 0 && d <= 64;
+mha_status mha_attn_short_f32_avx2(float *ctx, int64_t ldo, const float *q, const float *k,
+                                   const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
+                                   int64_t d, float scale, float *ws) {
+    MHA_CHECK(mha_cpu_has_avx2_fma(), MHA_ERR_UNSUPPORTED,
+              "kernel: avx2 requested but this CPU lacks AVX2/FMA");
+    mha_attn_short_avx2_loop(ctx, ldo, q, k, v, ld, L, S, H, d, scale, -1, ws);
+    return MHA_OK;
 }
 
 mha_status mha_attn_short_f32_avx512(float *ctx, int64_t ldo, const float *q, const float *k,
@@ -62,12 +67,14 @@ static bool short_dtypes(const mha_attn_problem *p, bool bf16_dots) {
     return q == MHA_BF16 && bf16_dots && (p->o.dtype == MHA_F32 || p->o.dtype == MHA_BF16);
 }
 
-bool mha_attn_short_serves(const mha_attn_problem *p, bool bf16_dots) {
+bool mha_attn_short_serves(const mha_attn_problem *p, mha_kernel kernel, bool bf16_dots) {
     const mha_tensor *t[4] = {&p->q, &p->k, &p->v, &p->o};
     for (int i = 0; i < 4; i++)
         if (t[i]->stride[3] != 1)
             return false;
-    if (!short_dtypes(p, bf16_dots))
+    if (kernel != MHA_KERNEL_AVX2 && kernel != MHA_KERNEL_AVX512)
+        return false;
+    if (!short_dtypes(p, kernel == MHA_KERNEL_AVX512 && bf16_dots))
         return false;
     /* causal on the main diagonal only (L = S: top-left = bottom-right) */
     const bool diagonal = p->causal == MHA_CAUSAL_NONE ||
@@ -78,9 +85,11 @@ bool mha_attn_short_serves(const mha_attn_problem *p, bool bf16_dots) {
                        !p->lse.data && !p->qk.data && !p->softmax_f64 && !p->onnx_scale;
     const bool shaped = p->L == p->S && p->d == p->dv && p->q.stride[2] == p->k.stride[2] &&
                         p->k.stride[2] == p->v.stride[2];
-    /* one head's float32 K^T and V up to 2 MiB each: measured faster than
-     * the flash tiles to there (attention_short.h) */
-    const bool fits = p->S * p->d <= 524288;
+    /* avx512: one head's float32 K^T and V up to 2 MiB each; avx2: see
+     * MHA_ATTN_SHORT_AVX2_MAX_SD; both measured faster than the flash tiles
+     * to there (attention_short.h) */
+    const int64_t most = kernel == MHA_KERNEL_AVX512 ? 524288 : MHA_ATTN_SHORT_AVX2_MAX_SD;
+    const bool fits = p->S * p->d <= most;
     return plain && shaped && fits;
 }
 
@@ -106,9 +115,11 @@ static int64_t rows_per_item(const mha_attn_problem *p, int nthreads) {
     return rows < 64 ? 64 : rows;
 }
 
-mha_status mha_attn_short_run(const mha_attn_problem *p) {
+mha_status mha_attn_short_run(const mha_attn_problem *p, mha_kernel kernel) {
     const bool bf16 = p->q.dtype == MHA_BF16;
-    const mha_attn_short_fn fn = bf16 ? NULL : *MHA_AVX512_PICK(mha_attn_short_avx512_loop);
+    const mha_attn_short_fn fn = bf16                           ? NULL
+                                 : kernel == MHA_KERNEL_AVX512 ? *MHA_AVX512_PICK(mha_attn_short_avx512_loop)
+                                                               : mha_attn_short_avx2_loop;
     const mha_attn_short_bf16_fn fn16 =
         bf16 ? *MHA_AVX512_PICK(mha_attn_short_bf16_avx512_loop) : NULL;
     const size_t es = p->o.dtype == MHA_F32 ? 4 : 2;

@@ -20,6 +20,13 @@
  * S apart strided through L2) 1.05-1.17x the flash driver also at d = 128
  * and 256 and up to S d = 524288 (L 8192 d 64, L 4096 d 128, L 2048 d 256),
  * about level at S d = 2^20.
+ * The avx2 loop (attention_short_avx2.c, 6-row blocks, K^T in panels of
+ * 16 keys) serves mha_sdpa_forward's avx2 kernel the same way; measured on
+ * Zen 3 (512 KiB L2 per core; docs/performance.md, "Whole rows on AVX2"):
+ * 1.04-1.95x the avx2 flash driver up to S d = 131072 (L 256-2048 at d 64,
+ * 1024 at d 128, B32 H12 L128 d32 1.34x, B8 L512 d64 1.27x), 0.85-0.92x
+ * at S d = 196608-262144 (L 3072-4096 d 64, L 2048 d 128): there the
+ * bound MHA_ATTN_SHORT_AVX2_MAX_SD.
  * bf16 q, k, v take a twin on vdpbf16ps (attention_short_avx512bf16.c),
  * whose gain is larger since the products shrink and the flash softmax
  * does not: 1.04-1.7x the flash driver's bf16 forward, 1.5-2.3x the
@@ -34,27 +41,59 @@
 
 #include "../internal.h"
 
+#include <math.h>
+
+/* The longest rows the avx2 loop serves for mha_sdpa_forward, as S d
+ * (mha_attn_short_serves; measured against the flash driver:
+ * docs/performance.md, "Whole rows on AVX2"). */
+#ifndef MHA_ATTN_SHORT_AVX2_MAX_SD
+#define MHA_ATTN_SHORT_AVX2_MAX_SD 131072
+#endif
+
 /* Workspace floats for S keys and head width d. */
 int64_t mha_attn_short_ws_floats(int64_t S, int64_t d);
-
-/* True when the avx2 kernel takes head width d (a multiple of 8, <= 64). */
-bool mha_attn_short_avx2_fits(int64_t d);
 
 void mha_attn_short_f32_ref(float *ctx, int64_t ldo, const float *q, const float *k,
                             const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
                             int64_t d, float scale, float *ws);
-/* Only after a CPU check and mha_attn_short_avx2_fits(d). */
-void mha_attn_short_f32_avx2(float *ctx, int64_t ldo, const float *q, const float *k,
-                             const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
-                             int64_t d, float scale, float *ws);
 
-/* The avx512 loop's signature (its exported pointer): the kernel's, and
+/* The SIMD loops' signature (their exported pointers): the kernel's, and
  * diag: -1, or causal masking with row i attending to keys 0..diag + i
  * (diag + L <= S: a block of query rows starting at row diag of a causal
  * L = S problem, given the keys 0..diag + L - 1 it can see). */
 typedef void (*mha_attn_short_fn)(float *ctx, int64_t ldo, const float *q, const float *k,
                                   const float *v, int64_t ld, int64_t L, int64_t S,
                                   int64_t H, int64_t d, float scale, int64_t diag, float *ws);
+/* o (dv) = sum over the unmarked keys j < S of p[j] v[j ld] / l: the P V
+ * row of a row whose scores hold -inf (an infinite q or k), as the
+ * reference computes it, skipping the keys the SIMD loops' softmax marked
+ * -0.0, so a skipped key is never multiplied by zero (its v may be inf or
+ * NaN); 0 when every key is marked.  Rare: plain scalar loops, inline in
+ * each SIMD loop's file (no call between the kernel files). */
+static inline void mha_attn_short_pv_skipping(float *o, const float *p, const float *v,
+                                              int64_t ld, int64_t S, int64_t dv, float l) {
+    bool any = false;
+    for (int64_t c = 0; c < dv; c++)
+        o[c] = 0.0f;
+    for (int64_t j = 0; j < S; j++) {
+        if (p[j] == 0.0f && signbit(p[j]))
+            continue;
+        any = true;
+        for (int64_t c = 0; c < dv; c++)
+            o[c] += p[j] * v[j * ld + c];
+    }
+    for (int64_t c = 0; any && c < dv; c++)
+        o[c] /= l;
+}
+
+/* The AVX2+FMA loop (attention_short_avx2.c; any d >= 1): only after
+ * mha_cpu_has_avx2_fma(). */
+extern const mha_attn_short_fn mha_attn_short_avx2_loop;
+/* The same problem on the avx2 loop; MHA_ERR_UNSUPPORTED (ctx untouched)
+ * unless mha_cpu_has_avx2_fma(). */
+mha_status mha_attn_short_f32_avx2(float *ctx, int64_t ldo, const float *q, const float *k,
+                                   const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
+                                   int64_t d, float scale, float *ws);
 /* The AVX-512 loop (attention_short_avx512.c; any d >= 1): taken only by
  * mha_attn_short_f32_avx512 with MHA_AVX512_PICK. */
 MHA_AVX512_DECLARE(mha_attn_short_fn, mha_attn_short_avx512_loop);
@@ -80,22 +119,23 @@ mha_status mha_attn_short_bf16_avx512(void *ctx, mha_dtype out, int64_t ldo, con
                                       int64_t L, int64_t S, int64_t H, int64_t d, float scale,
                                       float *ws);
 
-/* True when the avx512 loops serve p better than the flash driver (on
- * MHA_KERNEL_AVX512, after mha_avx512_runs()): q, k, v and out float32,
- * or q, k, v bf16 with out float32 or bf16 when bf16_dots (the caller's
- * word that the flash driver would take the vdpbf16ps products: an
- * AVX512_BF16 CPU without AMX, whose tiles keep bf16); unit column strides
- * and one row stride for q, k and v, d = dv, L = S, no mask, bias,
- * dropout, weights, LSE, sinks or ONNX outputs (causal masking either way
- * is taken: with L = S top-left and bottom-right are the same); and
- * S d <= 524288 (one head's float32 K^T and V up to 2 MiB each; measured:
- * see the top of this file). */
-bool mha_attn_short_serves(const mha_attn_problem *p, bool bf16_dots);
-/* p (mha_attn_short_serves) on the avx512 loop of its dtype: items of
- * (batch, query head, rows), as many as the threads want; the caller's
- * scratch when it is large enough, else an allocation.  Bits depend on
- * neither the threads nor the items. */
-mha_status mha_attn_short_run(const mha_attn_problem *p);
+/* True when the whole-row loops of kernel (MHA_KERNEL_AVX2 or
+ * MHA_KERNEL_AVX512, after its CPU check) serve p better than the flash
+ * driver: q, k, v and out float32, or (avx512 only) q, k, v bf16 with out
+ * float32 or bf16 when bf16_dots (the caller's word that the flash driver
+ * would take the vdpbf16ps products: an AVX512_BF16 CPU without AMX, whose
+ * tiles keep bf16); unit column strides and one row stride for q, k and v,
+ * d = dv, L = S, no mask, bias, dropout, weights, LSE, sinks or ONNX
+ * outputs (causal masking either way is taken: with L = S top-left and
+ * bottom-right are the same); and S d up to the kernel's limit, measured
+ * (see the top of this file): avx512 524288 (one head's float32 K^T and V
+ * up to 2 MiB each), avx2 MHA_ATTN_SHORT_AVX2_MAX_SD. */
+bool mha_attn_short_serves(const mha_attn_problem *p, mha_kernel kernel, bool bf16_dots);
+/* p (mha_attn_short_serves for kernel) on the whole-row loop of kernel and
+ * its dtype: items of (batch, query head, rows), as many as the threads
+ * want; the caller's scratch when it is large enough, else an allocation.
+ * Bits depend on neither the threads nor the items. */
+mha_status mha_attn_short_run(const mha_attn_problem *p, mha_kernel kernel);
 /* Bytes of the workspace mha_attn_short_run takes for S keys, head width d
  * and nthreads threads (part of mha_attn_scratch_bound). */
 size_t mha_attn_short_scratch_bound(int64_t S, int64_t d, int nthreads);

@@ -1,19 +1,75 @@
-/* attention_short_avx2.c - the short-text attention (attention_short.h)
- * with AVX2+FMA.  Letters: L tokens, H heads, d head width, Lp = L rounded
- * up to 8.
+/* attention_short_avx2.c - the whole-row attention (attention_short.h) with
+ * AVX2+FMA: the twin of attention_short_avx512.c in 8-lane vectors.
+ * Letters: L query rows, S keys, H heads, d head width (any d >= 1), Lp = S
+ * rounded up to 16 (a panel of keys), R = 6 query rows.
+ * Compiled with -mavx2 -mfma; reached only through mha_attn_short_f32_avx2
+ * and mha_attn_short_run (attention_short.c), after a CPU check.
  *
- * Per head: K^T (d, Lp) is gathered once (zeros past L); per block of 4
- * query rows, scores S (4, Lp) = q K^T in 8-key vectors (4 FMAs per K^T
- * load, one broadcast of q each), times scale; per row the keys past L are
- * -inf, then max, p = exp(s - max) (exp256, 1-2 ulp), l = sum p, and
- * ctx = (sum_j p_j v_j) / l with d/8 YMM accumulators (v rows read in
- * place).  Every value depends only on the text: bits do not depend on the
- * batch or the threads.
+ * Per head: K^T (Lp/16, d, 16) is gathered once, in panels of 16 keys (zeros
+ * past S; each panel one contiguous stream for Q K^T), by 8 x 8 register
+ * transposes.  Per block of R = 6 query rows:
+ *   sc (6, Lp) = scale log2(e) q K^T   (mm_block: A = the q rows, B = K^T)
+ *   per row  p = 2^(s - max s), l = sum p   (8 keys a vector, the last one
+ *            under a mask: keys past the row's limit are neither maxed nor
+ *            summed; an -inf score, from an infinite q or k, marks its key
+ *            -0.0 and the row's P V is redone skipping it, as the reference)
+ *   ctx (6, d) = P V / l               (mm_block: A = the P rows, B = the v
+ *            rows read in place, a last partial 16-column panel under masks)
+ *
+ * Register blocking (mm_block; BLIS's haswell sgemm shape): C (6, 16) +=
+ * A (6, K) B (K, 16) as 6 rows x 2 YMM = 12 accumulators + 2 loads of B +
+ * 1 broadcast = 15 of the 16 YMM registers; per step of K 2 loads of B, 6
+ * broadcasts of A and 12 FMAs, which cover the 4-cycle latency of two FMA
+ * pipes (8 chains needed).  Both products are the same block: a short B row
+ * (16 keys of K^T, or 16 columns of v) against a long, cheap-to-broadcast A.
+ * Rows past the text (L not a multiple of 6) repeat the block's first row
+ * and are not stored.
+ *
+ * Against the flash driver (attention_flash.c) on the same CPU: no packing
+ * of K and V per 128-key block, no online rescaling of the output, one
+ * softmax per row, and the score scale folded into the product's epilogue
+ * (in log2 units, so e^x is exp2_softmax256's 2^t: 12 operations against
+ * exp_softmax256's 15).  Measured: docs/performance.md, "Whole rows on
+ * AVX2"; which problems it takes: mha_attn_short_serves.
+ *
+ * Every value depends only on the text (sums in a fixed order: c, then j):
+ * bits do not depend on the batch or the threads.  The avx512 loop takes
+ * 16-lane partial sums, so the two agree within the tests' bound, not bit
+ * for bit.
  */
 #include "attention_short.h"
-#include "simd_avx2.h" /* exp256 */
 
 #include <math.h>
+
+#include "simd_avx2.h"
+
+enum { R = 6, NV = 8, PW = 16 }; /* rows per block; floats per YMM; keys per panel */
+
+/* Lanes [0, n) of 8 set (n <= 0: none). */
+static inline __m256i mask8(int64_t n) {
+    const int k = n <= 0 ? 0 : n >= NV ? NV : (int)n;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* 2^t for the softmax's t = x - max <= 0, or NaN (which propagates): t =
+ * n + r, n = floor(t), 2^r on [0, 1) by exp2_softmax512's degree-5
+ * polynomial (simd_avx512.h, relative error 1.5e-7), 2^n built in the
+ * exponent field.  t is clamped at -127, where the field is 0 and the
+ * result exactly 0 (such a weight is below any row sum >= 1 by 38
+ * decades). */
+static inline __m256 exp2_softmax256(__m256 t) {
+    t = _mm256_max_ps(_mm256_set1_ps(-127.0f), t); /* operand order keeps NaN */
+    const __m256 n = _mm256_floor_ps(t);
+    const __m256 r = _mm256_sub_ps(t, n);
+    __m256 y = _mm256_fmadd_ps(_mm256_set1_ps(1.877576578e-3f), r, _mm256_set1_ps(8.989340626e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.582631752e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(2.401536107e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(6.931530833e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(9.999999404e-1f));
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
 
 static inline float hmax256(__m256 x) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
@@ -29,93 +85,203 @@ static inline float hsum256(__m256 x) {
     return _mm_cvtss_f32(s);
 }
 
-/* o (d) = (sum_{j<L} p[j] v[j*ld]) / l, d = 8 * D8 (a constant when inlined). */
-static inline __attribute__((always_inline)) void pv_row(float *o, const float *p,
-                                                         const float *v, int64_t ld, int64_t L,
-                                                         float l, const int D8) {
-    __m256 acc[8]; /* the loops over c unroll fully: D8 registers */
-#pragma GCC unroll 8
-    for (int c = 0; c < D8; c++)
-        acc[c] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < L; j++) {
-        const __m256 pj = _mm256_broadcast_ss(p + j);
-        const float *vj = v + j * ld;
-#pragma GCC unroll 8
-        for (int c = 0; c < D8; c++)
-            acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * c), acc[c]);
+/* C (R, nv*8) = A (R, K) B (K, nv*8), nv = 1 or 2, masked = 0 or 1 (constants
+ * when inlined): a[r] is A's row r (step 1), B's rows ldb apart, their
+ * columns under m0, m1 when masked (unmasked: all 8 lanes of each).
+ * Epilogue: row r < rows is stored to c[r] (same masks) as acc * f[0]
+ * (div = 0) or acc / f[r] (div = 1). */
+static inline __attribute__((always_inline)) void
+mm_block(float *const c[R], const float *const a[R], const float *b, int64_t ldb, int64_t K,
+         __m256i m0, __m256i m1, int rows, const float *f, const int div, const int nv,
+         const int masked) {
+    __m256 acc[R][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const float *bk = b + k * ldb;
+        const __m256 b0 = masked ? _mm256_maskload_ps(bk, m0) : _mm256_loadu_ps(bk);
+        const __m256 b1 = nv == 1   ? b0
+                          : masked ? _mm256_maskload_ps(bk + NV, m1)
+                                   : _mm256_loadu_ps(bk + NV);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            const __m256 x = _mm256_broadcast_ss(a[r] + k);
+            acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
+            if (nv == 2)
+                acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
+        }
     }
-    const __m256 vl = _mm256_set1_ps(l);
-#pragma GCC unroll 8
-    for (int c = 0; c < D8; c++)
-        _mm256_storeu_ps(o + 8 * c, _mm256_div_ps(acc[c], vl));
-}
-
-static void pv_row_any(float *o, const float *p, const float *v, int64_t ld, int64_t L, float l,
-                       int64_t d) {
-    switch (d / 8) {
-    case 1: pv_row(o, p, v, ld, L, l, 1); break;
-    case 2: pv_row(o, p, v, ld, L, l, 2); break;
-    case 3: pv_row(o, p, v, ld, L, l, 3); break;
-    case 4: pv_row(o, p, v, ld, L, l, 4); break;
-    case 5: pv_row(o, p, v, ld, L, l, 5); break;
-    case 6: pv_row(o, p, v, ld, L, l, 6); break;
-    case 7: pv_row(o, p, v, ld, L, l, 7); break;
-    default: pv_row(o, p, v, ld, L, l, 8); break;
-    }
-}
-
-/* s (L) = exp(s - max) in place (keys past L of the Lp are -inf, giving 0);
- * returns the sum. */
-static float softmax_row(float *s, int64_t L, int64_t Lp) {
-    for (int64_t j = L; j < Lp; j++)
-        s[j] = -INFINITY;
-    __m256 m = _mm256_set1_ps(-INFINITY);
-    for (int64_t j = 0; j < Lp; j += 8)
-        m = _mm256_max_ps(m, _mm256_loadu_ps(s + j));
-    const __m256 vm = _mm256_set1_ps(hmax256(m));
-    __m256 sum = _mm256_setzero_ps();
-    for (int64_t j = 0; j < Lp; j += 8) {
-        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
-        _mm256_storeu_ps(s + j, e);
-        sum = _mm256_add_ps(sum, e);
-    }
-    return hsum256(sum);
-}
-
-void mha_attn_short_f32_avx2(float *ctx, int64_t ldo, const float *q, const float *k,
-                             const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
-                             int64_t d, float scale, float *ws) {
-    const int64_t Lp = (S + 7) / 8 * 8;
-    float *kt = ws, *sc = ws + d * Lp; /* K^T (d, Lp), scores (4, Lp) */
-    const __m256 vscale = _mm256_set1_ps(scale);
-    for (int64_t h = 0; h < H; h++) {
-        for (int64_t j = 0; j < Lp; j++)
-            for (int64_t c = 0; c < d; c++)
-                kt[c * Lp + j] = j < S ? k[j * ld + h * d + c] : 0.0f;
-        for (int64_t i0 = 0; i0 < L; i0 += 4) {
-            const int64_t rows = L - i0 < 4 ? L - i0 : 4;
-            const float *qr[4];
-            for (int r = 0; r < 4; r++) /* rows past the text repeat its row i0 */
-                qr[r] = q + (i0 + (r < rows ? r : 0)) * ld + h * d;
-            for (int64_t jb = 0; jb < Lp; jb += 8) {
-                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                for (int64_t c = 0; c < d; c++) {
-                    const __m256 kv = _mm256_loadu_ps(kt + c * Lp + jb);
-                    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(qr[0] + c), kv, a0);
-                    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(qr[1] + c), kv, a1);
-                    a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(qr[2] + c), kv, a2);
-                    a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(qr[3] + c), kv, a3);
-                }
-                _mm256_storeu_ps(sc + jb, _mm256_mul_ps(a0, vscale));
-                _mm256_storeu_ps(sc + Lp + jb, _mm256_mul_ps(a1, vscale));
-                _mm256_storeu_ps(sc + 2 * Lp + jb, _mm256_mul_ps(a2, vscale));
-                _mm256_storeu_ps(sc + 3 * Lp + jb, _mm256_mul_ps(a3, vscale));
-            }
-            for (int64_t r = 0; r < rows; r++) {
-                float *s = sc + r * Lp;
-                const float l = softmax_row(s, S, Lp);
-                pv_row_any(ctx + (i0 + r) * ldo + h * d, s, v + h * d, ld, S, l, d);
-            }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        if (r >= rows)
+            break;
+        const __m256 fr = _mm256_set1_ps(div ? f[r] : f[0]);
+        for (int v = 0; v < nv; v++) {
+            const __m256 y = div ? _mm256_div_ps(acc[r][v], fr) : _mm256_mul_ps(acc[r][v], fr);
+            if (masked)
+                _mm256_maskstore_ps(c[r] + v * NV, v ? m1 : m0, y);
+            else
+                _mm256_storeu_ps(c[r] + v * NV, y);
         }
     }
 }
+
+/* sc rows (rows, Sb rounded up to 16) = scale2 q K^T, panel by panel of the
+ * K^T panels kt (Lp/16, d, 16) (a panel's columns past S are zero, and the
+ * score rows have room to Lp). */
+static void scores_rows(float *const sr[R], const float *const qr[R], const float *kt,
+                        int64_t d, int64_t Sb, int rows, float scale2) {
+    const __m256i all = _mm256_set1_epi32(-1);
+    for (int64_t p = 0; p < Sb; p += PW) {
+        float *cp[R];
+        for (int r = 0; r < R; r++)
+            cp[r] = sr[r] + p;
+        mm_block(cp, qr, kt + p / PW * d * PW, PW, d, all, all, rows, &scale2, 0, 2, 0);
+    }
+}
+
+/* ctx rows (rows, d) = P (rows, Sb) v (Sb, d) / l[r], v rows ld apart, in
+ * column panels of 16; the last partial panel under masks. */
+static void context_rows(float *const orow[R], const float *const pr[R], const float *v,
+                         int64_t ld, int64_t Sb, int64_t d, int rows, const float *l) {
+    const __m256i all = _mm256_set1_epi32(-1);
+    int64_t p = 0;
+    for (; p + PW <= d; p += PW) {
+        float *cp[R];
+        for (int r = 0; r < R; r++)
+            cp[r] = orow[r] + p;
+        mm_block(cp, pr, v + p, ld, Sb, all, all, rows, l, 1, 2, 0);
+    }
+    if (p < d) {
+        float *cp[R];
+        for (int r = 0; r < R; r++)
+            cp[r] = orow[r] + p;
+        const int64_t left = d - p;
+        if (left > NV)
+            mm_block(cp, pr, v + p, ld, Sb, all, mask8(left - NV), rows, l, 1, 2, 1);
+        else
+            mm_block(cp, pr, v + p, ld, Sb, mask8(left), all, rows, l, 1, 1, 1);
+    }
+}
+
+/* s (S) = 2^(s - max s) in place (s: scores times log2(e), so this is the
+ * softmax's e^x), -0.0f (the mark of a skipped key) where s is -inf;
+ * returns the sum and sets *skips when some key is marked.  Lanes past S
+ * are neither read nor written. */
+static float softmax_row(float *s, int64_t S, bool *skips) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), sign = _mm256_set1_ps(-0.0f);
+    __m256 mx = ninf;
+    int64_t j = 0;
+    for (; j + NV <= S; j += NV)
+        mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j));
+    const __m256i tail = mask8(S - j);
+    if (j < S) /* a NaN may or may not win: its row comes out NaN either way */
+        mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, _mm256_maskload_ps(s + j, tail),
+                                                _mm256_castsi256_ps(tail)));
+    const __m256 vm = _mm256_set1_ps(hmax256(mx));
+    __m256 sum = _mm256_setzero_ps(), marked = _mm256_setzero_ps();
+    for (j = 0; j < S; j += NV) {
+        const bool part = S - j < NV;
+        const __m256 x = part ? _mm256_maskload_ps(s + j, tail) : _mm256_loadu_ps(s + j);
+        const __m256 neg = _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ);
+        __m256 e = _mm256_blendv_ps(exp2_softmax256(_mm256_sub_ps(x, vm)), sign, neg);
+        if (part) {
+            e = _mm256_and_ps(e, _mm256_castsi256_ps(tail));
+            _mm256_maskstore_ps(s + j, tail, e);
+            marked = _mm256_or_ps(marked, _mm256_and_ps(neg, _mm256_castsi256_ps(tail)));
+        } else {
+            _mm256_storeu_ps(s + j, e);
+            marked = _mm256_or_ps(marked, neg);
+        }
+        sum = _mm256_add_ps(sum, e);
+    }
+    *skips = _mm256_movemask_ps(marked) != 0;
+    return hsum256(sum);
+}
+
+/* r (8 x 8) transposed in place: r[i] lane j becomes r[j] lane i. */
+static inline __attribute__((always_inline)) void transpose8_ps(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
+/* kt (Lp/16, d, 16) = K^T of k (S, d) rows ld apart in panels of 16 keys,
+ * zeros for the keys S..Lp (Lp a multiple of 16): 8 x 8 blocks by
+ * transpose8_ps, a partial one's columns under a mask. */
+static void gather_kt(float *kt, int64_t Lp, const float *k, int64_t ld, int64_t S, int64_t d) {
+    for (int64_t j0 = 0; j0 < Lp; j0 += NV)
+        for (int64_t c0 = 0; c0 < d; c0 += NV) {
+            const int64_t nc = d - c0;
+            const __m256i cols = mask8(nc);
+            __m256 r[NV];
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; j++)
+                r[j] = j0 + j >= S ? _mm256_setzero_ps()
+                       : nc >= NV  ? _mm256_loadu_ps(k + (j0 + j) * ld + c0)
+                                   : _mm256_maskload_ps(k + (j0 + j) * ld + c0, cols);
+            transpose8_ps(r);
+            float *panel = kt + j0 / PW * d * PW + j0 % PW;
+#pragma GCC unroll 8
+            for (int c = 0; c < NV; c++)
+                if (c < nc)
+                    _mm256_storeu_ps(panel + (c0 + c) * PW, r[c]);
+        }
+}
+
+/* The kernel (attention_short.h's signature; ws: mha_attn_short_ws_floats).
+ * diag >= 0 (causal): row i sees keys 0..diag + i, so a block of rows
+ * stops its products at its last row's keys and each row's softmax at its
+ * own, the P entries between the two set to zero. */
+static void attn_short_avx2(float *ctx, int64_t ldo, const float *q, const float *k,
+                            const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
+                            int64_t d, float scale, int64_t diag, float *ws) {
+    const int64_t Lp = (S + PW - 1) / PW * PW;
+    /* scores in log2 units: the softmax's e^(x) is 2^(x log2 e) */
+    const float scale2 = scale * 1.44269504088896341f;
+    float *kt = ws, *sc = ws + d * Lp; /* K^T (Lp/16, d, 16), scores (R, Lp) */
+    for (int64_t h = 0; h < H; h++) {
+        gather_kt(kt, Lp, k + h * d, ld, S, d);
+        for (int64_t i0 = 0; i0 < L; i0 += R) {
+            const int rows = L - i0 < R ? (int)(L - i0) : R;
+            const float *qr[R], *pr[R];
+            float *sr[R], *orow[R], l[R];
+            bool skips[R];
+            for (int r = 0; r < R; r++) { /* rows past the text repeat row 0 */
+                const int64_t i = i0 + (r < rows ? r : 0);
+                qr[r] = q + i * ld + h * d;
+                sr[r] = sc + (r < rows ? r : 0) * Lp;
+                pr[r] = sr[r];
+                orow[r] = ctx + i * ldo + h * d;
+            }
+            const int64_t Sb = diag >= 0 ? diag + i0 + rows : S; /* keys the block sees */
+            scores_rows(sr, qr, kt, d, Sb, rows, scale2);
+            int64_t lim[R]; /* keys row r sees */
+            for (int r = 0; r < rows; r++) {
+                lim[r] = diag >= 0 ? diag + i0 + r + 1 : S;
+                l[r] = softmax_row(sr[r], lim[r], &skips[r]);
+                for (int64_t j = lim[r]; j < Sb; j++)
+                    sr[r][j] = 0.0f;
+            }
+            context_rows(orow, pr, v + h * d, ld, Sb, d, rows, l);
+            for (int r = 0; r < rows; r++)
+                if (skips[r])
+                    mha_attn_short_pv_skipping(orow[r], sr[r], v + h * d, ld, lim[r], d, l[r]);
+        }
+    }
+}
+
+const mha_attn_short_fn mha_attn_short_avx2_loop = attn_short_avx2;

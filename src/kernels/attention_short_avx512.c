@@ -135,26 +135,6 @@ static float softmax_row(float *s, int64_t S, bool *skips) {
     return _mm512_reduce_add_ps(sum);
 }
 
-/* o (dv) = sum over the unmarked keys j < S of p[j] v[j ld] / l: a row
- * with an -inf score (an infinite q or k) as the reference computes it, a
- * skipped key never multiplied by zero (its v may be inf or NaN); 0 when
- * every key is marked.  Rare: plain scalar loops. */
-static void pv_row_skipping(float *o, const float *p, const float *v, int64_t ld, int64_t S,
-                            int64_t dv, float l) {
-    bool any = false;
-    for (int64_t c = 0; c < dv; c++)
-        o[c] = 0.0f;
-    for (int64_t j = 0; j < S; j++) {
-        if (p[j] == 0.0f && signbit(p[j]))
-            continue;
-        any = true;
-        for (int64_t c = 0; c < dv; c++)
-            o[c] += p[j] * v[j * ld + c];
-    }
-    for (int64_t c = 0; any && c < dv; c++)
-        o[c] /= l;
-}
-
 /* kt (Sp/32, d, 32) = K^T of k (S, d) rows ld apart in panels of 32 keys,
  * zeros for the keys S..Sp (Sp a multiple of 32): 16 x 16 blocks by
  * transpose16_ps, partial ones under masks. */
@@ -214,7 +194,7 @@ static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const flo
             mm_rows(orow, pr, v + h * d, ld, 2 * NV, Sb, d, rows, l, 1);
             for (int r = 0; r < rows; r++)
                 if (skips[r])
-                    pv_row_skipping(orow[r], sr[r], v + h * d, ld, lim[r], d, l[r]);
+                    mha_attn_short_pv_skipping(orow[r], sr[r], v + h * d, ld, lim[r], d, l[r]);
         }
     }
 }

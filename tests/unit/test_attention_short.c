@@ -3,23 +3,22 @@
  * (the library's attention, itself checked against PyTorch), and the avx2
  * and avx512 kernels against the reference.
  *
- * Then mha_sdpa_forward's plain problems on the avx512 loop
+ * Then mha_sdpa_forward's plain problems on the avx2 and avx512 loops
  * (mha_attn_short_serves): odd shapes, GQA and interleaved heads against
  * the reference kernel, bits across threads, what is not served, and
  * -inf scores.
  *
  * Letters: L tokens, H heads, d head width.  q, k, v are column blocks of
  * one (L, 3 H d + 5) buffer as in the encoder; ctx rows H d + 3 apart with
- * guard values in the gaps.  Shapes: L in {1, 2, 7, 8, 9, 37, 100, 256}
- * (every tail of the 8-key vectors and 4-row blocks), H in {1, 3, 12}; d in
- * {1, 5, 8, 32, 33, 64} for the reference, the multiples of 8 up to 64 for
- * avx2.  avx512 (emulated where the CPU lacks it): L in {1, 2, 7, 8, 9,
- * 15, 16, 17, 37, 100, 128, 130} (every tail of the 16-key vectors, the
- * 32-key panels and the 8-row blocks), d in {1, 5, 16, 17, 31, 32, 33, 48,
- * 64, 80} (every head-column mask), half of them with q|k|v and ctx rows
- * packed as tightly as the encoder's.  Bound: per element |diff| <= 2e-6 (1 +
- * max |v|) (the softmax weights sum to 1, so a row is a convex mix of v
- * rows).
+ * guard values in the gaps.  The reference against SDPA: L in {1, 2, 7, 8,
+ * 9, 37, 100, 256}, H in {1, 3, 12}, d in {1, 5, 8, 32, 33, 64}.  The avx2
+ * and avx512 loops (avx512 emulated where the CPU lacks it) against the
+ * reference: L in {1, 2, 5, 6, 7, 8, 9, 13, 15, 16, 17, 37, 100, 128, 130}
+ * (every tail of the 8- and 16-key vectors, the 16- and 32-key panels and
+ * the 6- and 8-row blocks), d in {1, 5, 8, 16, 17, 31, 32, 33, 48, 64, 80}
+ * (every head-column mask), half of them with q|k|v and ctx rows packed as
+ * tightly as the encoder's.  Bound: per element |diff| <= 2e-6 (1 + max
+ * |v|) (the softmax weights sum to 1, so a row is a convex mix of v rows).
  */
 #include "test.h"
 
@@ -109,28 +108,6 @@ TEST(attention_short_ref_matches_sdpa) {
             }
 }
 
-TEST(attention_short_avx2_matches_ref) {
-    if (!mha_cpu_has_avx2_fma())
-        SKIP("no AVX2+FMA on this CPU");
-    CHECK(!mha_attn_short_avx2_fits(0) && !mha_attn_short_avx2_fits(33) &&
-          !mha_attn_short_avx2_fits(72) && mha_attn_short_avx2_fits(32));
-    uint64_t seed = 400;
-    for (size_t a = 0; a < sizeof Ls / sizeof *Ls; a++)
-        for (size_t b = 0; b < sizeof Hs / sizeof *Hs; b++)
-            for (int64_t d = 8; d <= 64; d += 8) {
-                const int64_t L = Ls[a], H = Hs[b];
-                short_case c;
-                case_make(&c, L, H, d, seed++);
-                const float scale = 1.0f / sqrtf((float)d);
-                mha_attn_short_f32_ref(c.want, c.ldo, c.qkv, c.qkv + H * d, c.qkv + 2 * H * d,
-                                       c.ld, L, L, H, d, scale, c.ws);
-                mha_attn_short_f32_avx2(c.got, c.ldo, c.qkv, c.qkv + H * d, c.qkv + 2 * H * d,
-                                        c.ld, L, L, H, d, scale, c.ws);
-                compare(&c, "avx2 vs ref");
-                case_free(&c);
-            }
-}
-
 /* The kernel under test: avx2 or avx512 (the emulated loop where the CPU
  * lacks AVX-512). */
 typedef enum { ON_AVX2, ON_AVX512 } short_kernel;
@@ -140,9 +117,8 @@ static mha_status run_on(short_kernel kernel, short_case *c, float scale) {
     if (kernel == ON_AVX512)
         return mha_attn_short_f32_avx512(c->got, c->ldo, c->qkv, c->qkv + D, c->qkv + 2 * D,
                                          c->ld, c->L, c->L, c->H, c->d, scale, c->ws);
-    mha_attn_short_f32_avx2(c->got, c->ldo, c->qkv, c->qkv + D, c->qkv + 2 * D, c->ld, c->L,
-                            c->L, c->H, c->d, scale, c->ws);
-    return MHA_OK;
+    return mha_attn_short_f32_avx2(c->got, c->ldo, c->qkv, c->qkv + D, c->qkv + 2 * D, c->ld,
+                                   c->L, c->L, c->H, c->d, scale, c->ws);
 }
 
 /* Scores far apart (a one-hot softmax) and equal (a plain mean): no
@@ -176,15 +152,18 @@ TEST(attention_short_avx2_large_scores) {
     if (!mha_cpu_has_avx2_fma())
         SKIP("no AVX2+FMA on this CPU");
     large_scores(ON_AVX2, 9, 8);
+    large_scores(ON_AVX2, 37, 32); /* a 5-key tail of the 8-lane vectors, the encoder's d */
 }
 
 /* ---- the avx512 loop (attention_short_avx512.c) ------------------------------------ */
 
-TEST(attention_short_avx512_matches_ref) {
-    if (!mha_avx512_runs())
-        SKIP("avx512: this CPU lacks AVX-512 and the test library has no emulation");
-    static const int64_t L5[] = {1, 2, 7, 8, 9, 15, 16, 17, 37, 100, 128, 130};
-    static const int64_t d5[] = {1, 5, 16, 17, 31, 32, 33, 48, 64, 80};
+/* The kernel against the reference: every tail of the 8- and 16-key
+ * vectors, the 16- and 32-key panels and the 6- and 8-row blocks; every
+ * head-column mask; each d with gapped and tight rows; a workspace of NaN
+ * (the kernel must not read what it did not write). */
+static void matches_ref(short_kernel kernel, const char *name) {
+    static const int64_t L5[] = {1, 2, 5, 6, 7, 8, 9, 13, 15, 16, 17, 37, 100, 128, 130};
+    static const int64_t d5[] = {1, 5, 8, 16, 17, 31, 32, 33, 48, 64, 80};
     uint64_t seed = 4000;
     for (size_t a = 0; a < sizeof L5 / sizeof *L5; a++)
         for (size_t b = 0; b < sizeof Hs / sizeof *Hs; b++)
@@ -196,11 +175,23 @@ TEST(attention_short_avx512_matches_ref) {
                 mha_attn_short_f32_ref(c.want, c.ldo, c.qkv, c.qkv + H * d, c.qkv + 2 * H * d,
                                        c.ld, L, L, H, d, scale, c.ws);
                 for (int64_t e = 0; e < mha_attn_short_ws_floats(L, d); e++)
-                    c.ws[e] = NAN; /* the kernel must not read workspace it did not write */
-                CHECK_STATUS(run_on(ON_AVX512, &c, scale), MHA_OK);
-                compare(&c, "avx512 vs ref");
+                    c.ws[e] = NAN;
+                CHECK_STATUS(run_on(kernel, &c, scale), MHA_OK);
+                compare(&c, name);
                 case_free(&c);
             }
+}
+
+TEST(attention_short_avx2_matches_ref) {
+    if (!mha_cpu_has_avx2_fma())
+        SKIP("no AVX2+FMA on this CPU");
+    matches_ref(ON_AVX2, "avx2 vs ref");
+}
+
+TEST(attention_short_avx512_matches_ref) {
+    if (!mha_avx512_runs())
+        SKIP("avx512: this CPU lacks AVX-512 and the test library has no emulation");
+    matches_ref(ON_AVX512, "avx512 vs ref");
 }
 
 TEST(attention_short_avx512_large_scores) {
@@ -271,14 +262,19 @@ static void rows_make(rows_data *r, const rows_case *rc, uint64_t seed) {
 
 static void rows_free(rows_data *r) { free(r->qkv), free(r->want), free(r->got); }
 
-/* The problem mha_attn_run sees for these views and options. */
-static bool served(const rows_data *r, const mha_sdpa_options *opt) {
+/* The problem mha_attn_run sees for these views and options, served on
+ * kernel's whole rows? */
+static bool served_on(const rows_data *r, const mha_sdpa_options *opt, mha_kernel kernel) {
     mha_attn_problem p;
     if (mha_sdpa_problem_init(&p, &r->q, &r->k, &r->v, &r->o, opt) != MHA_OK)
         return false;
     if (opt->attn_weights) /* mha_sdpa_forward adds them after the init */
         p.attn_weights = *opt->attn_weights;
-    return mha_attn_short_serves(&p, false);
+    return mha_attn_short_serves(&p, kernel, false);
+}
+
+static bool served(const rows_data *r, const mha_sdpa_options *opt) {
+    return served_on(r, opt, MHA_KERNEL_AVX512);
 }
 
 /* got against want: |diff| <= 2e-6 (1 + max |v|) per element (rows are
@@ -311,19 +307,17 @@ static mha_causal causal_of(size_t i) {
     return modes[i % 3];
 }
 
-/* The avx512 kernel of mha_sdpa_forward takes plain problems whose rows fit
- * to the whole-row loop, causal ones too: odd shapes (L = 1, L and d not
- * multiples of 16 or 8, d = 1, h = 1, GQA, interleaved heads) against the
- * reference kernel; bit-identical for 1 and 3 threads; what it must not
+/* mha_sdpa_forward's kernel (avx2 or avx512) takes plain problems whose
+ * rows fit to its whole-row loop, causal ones too: odd shapes (L = 1, L and
+ * d not multiples of 16 or 8, d = 1, h = 1, GQA, interleaved heads) against
+ * the reference kernel; bit-identical for 1 and 3 threads; what it must not
  * take goes elsewhere. */
-TEST(attention_short_serves_sdpa_on_avx512) {
-    if (!mha_avx512_runs())
-        SKIP("avx512: this CPU lacks AVX-512 and the test library has no emulation");
+static void serves_sdpa_on(mha_kernel kernel) {
     static const rows_case cases[] = {
         {1, 1, 1, 1, 1, false},   {2, 3, 3, 7, 5, false},    {1, 2, 2, 17, 16, true},
         {3, 4, 2, 37, 33, false}, {2, 6, 3, 130, 32, true},  {1, 2, 1, 64, 80, false},
         {1, 1, 1, 200, 64, true}, {1, 2, 2, 300, 128, false}, {4, 3, 3, 9, 1, true},
-        {1, 1, 1, 700, 100, false}, /* S d past 65536: the panels of 32 keys at length */
+        {1, 1, 1, 700, 100, false}, /* S d past 65536: the panels at length */
     };
     const int threads = mha_get_num_threads();
     uint64_t seed = 900;
@@ -334,10 +328,10 @@ TEST(attention_short_serves_sdpa_on_avx512) {
         mha_sdpa_options opt;
         mha_sdpa_options_init(&opt);
         opt.causal = causal_of(i); /* every third case plain, causal either way */
-        CHECK(served(&r, &opt));
+        CHECK(served_on(&r, &opt, kernel));
         opt.kernel = MHA_KERNEL_REF;
         CHECK_STATUS(mha_sdpa_forward(&r.o_ref, &r.q, &r.k, &r.v, &opt), MHA_OK);
-        opt.kernel = MHA_KERNEL_AVX512;
+        opt.kernel = kernel;
         mha_set_num_threads(1);
         CHECK_STATUS(mha_sdpa_forward(&r.o, &r.q, &r.k, &r.v, &opt), MHA_OK);
         const double worst = rows_compare(&r, rc, "whole rows vs ref");
@@ -351,6 +345,18 @@ TEST(attention_short_serves_sdpa_on_avx512) {
         free(one);
         rows_free(&r);
     }
+}
+
+TEST(attention_short_serves_sdpa_on_avx2) {
+    if (!mha_cpu_has_avx2_fma())
+        SKIP("no AVX2+FMA on this CPU");
+    serves_sdpa_on(MHA_KERNEL_AVX2);
+}
+
+TEST(attention_short_serves_sdpa_on_avx512) {
+    if (!mha_avx512_runs())
+        SKIP("avx512: this CPU lacks AVX-512 and the test library has no emulation");
+    serves_sdpa_on(MHA_KERNEL_AVX512);
 }
 
 /* Options, shapes and layouts the whole-row loop lacks are not served. */
@@ -385,19 +391,28 @@ TEST(attention_short_serves_only_plain_problems) {
     r.o.shape[3] = 8;
     CHECK(!served(&r, &opt));
     rows_free(&r);
-    /* one head's rows past the measured bound: S d > 524288 */
+    /* one head's rows past the measured bounds: S d > 524288, and past
+     * the avx2 loop's; the scalar and reference kernels have no whole rows */
     rows_case big = {1, 1, 1, 6600, 80, false};
     rows_make(&r, &big, 6);
-    CHECK(!served(&r, &opt));
+    CHECK(!served(&r, &opt) && !served_on(&r, &opt, MHA_KERNEL_AVX2));
+    rows_free(&r);
+    /* the avx2 bound exactly (served) and one key past it (not) */
+    rows_case edge = {1, 1, 1, MHA_ATTN_SHORT_AVX2_MAX_SD / 16, 16, false};
+    rows_make(&r, &edge, 7);
+    CHECK(served_on(&r, &opt, MHA_KERNEL_AVX2));
+    rows_free(&r);
+    edge.L++;
+    rows_make(&r, &edge, 7);
+    CHECK(!served_on(&r, &opt, MHA_KERNEL_AVX2));
+    CHECK(!served_on(&r, &opt, MHA_KERNEL_SCALAR) && !served_on(&r, &opt, MHA_KERNEL_REF));
     rows_free(&r);
 }
 
 /* An infinite k gives an -inf score: that key is skipped, never multiplied
  * by zero, so an inf or NaN in its v stays out of the output, as in the
  * reference. */
-TEST(attention_short_skips_neg_inf_scores) {
-    if (!mha_avx512_runs())
-        SKIP("avx512: this CPU lacks AVX-512 and the test library has no emulation");
+static void skips_neg_inf_on(mha_kernel kernel) {
     rows_case rc = {1, 1, 1, 20, 16, false};
     rows_data r;
     rows_make(&r, &rc, 8);
@@ -411,14 +426,26 @@ TEST(attention_short_skips_neg_inf_scores) {
     mha_sdpa_options_init(&opt);
     opt.kernel = MHA_KERNEL_REF;
     CHECK_STATUS(mha_sdpa_forward(&r.o_ref, &r.q, &r.k, &r.v, &opt), MHA_OK);
-    opt.kernel = MHA_KERNEL_AVX512;
-    CHECK(served(&r, &opt));
+    opt.kernel = kernel;
+    CHECK(served_on(&r, &opt, kernel));
     CHECK_STATUS(mha_sdpa_forward(&r.o, &r.q, &r.k, &r.v, &opt), MHA_OK);
     for (int64_t c = 0; c < 16; c++)
         CHECK(isfinite(r.got[0 * 16 + c]) && isfinite(r.got[5 * 16 + c]));
     for (int64_t c = 0; c < 16; c++)
         CHECK(fabsf(r.got[5 * 16 + c] - r.want[5 * 16 + c]) <= 1e-5f);
     rows_free(&r);
+}
+
+TEST(attention_short_skips_neg_inf_scores_avx2) {
+    if (!mha_cpu_has_avx2_fma())
+        SKIP("no AVX2+FMA on this CPU");
+    skips_neg_inf_on(MHA_KERNEL_AVX2);
+}
+
+TEST(attention_short_skips_neg_inf_scores) {
+    if (!mha_avx512_runs())
+        SKIP("avx512: this CPU lacks AVX-512 and the test library has no emulation");
+    skips_neg_inf_on(MHA_KERNEL_AVX512);
 }
 
 /* ---- bf16 q, k, v on the vdpbf16ps whole-row loop (attention_short_avx512bf16.c) -- */
@@ -437,7 +464,7 @@ static bool bf16_rows_run(void) {
     const mha_flash_bf16 *dot = mha_flash_bf16_pick(); /* by name: the _emu twin too */
     return mha_avx512_runs() && dot && strcmp(dot->name, "avx512bf16") == 0 &&
            mha_sdpa_problem_init(&p, &t[0], &t[1], &t[2], &t[3], &opt) == MHA_OK &&
-           mha_attn_short_serves(&p, true);
+           mha_attn_short_serves(&p, MHA_KERNEL_AVX512, true);
 }
 
 /* bf16 copies of r's q, k and v (same layout and strides) in *buf, and a
@@ -494,10 +521,10 @@ TEST(attention_short_bf16_serves_sdpa) {
         opt.causal = causal_of(i + 1);
         mha_attn_problem p;
         REQUIRE_OK(mha_sdpa_problem_init(&p, &t[0], &t[1], &t[2], &r.o, &opt));
-        CHECK(mha_attn_short_serves(&p, true));
-        CHECK(!mha_attn_short_serves(&p, false)); /* without the vdpbf16ps products: flash */
+        CHECK(mha_attn_short_serves(&p, MHA_KERNEL_AVX512, true));
+        CHECK(!mha_attn_short_serves(&p, MHA_KERNEL_AVX512, false)); /* without the vdpbf16ps products: flash */
         REQUIRE_OK(mha_sdpa_problem_init(&p, &t[0], &t[1], &t[2], &t[3], &opt));
-        CHECK(mha_attn_short_serves(&p, true));
+        CHECK(mha_attn_short_serves(&p, MHA_KERNEL_AVX512, true));
         opt.kernel = MHA_KERNEL_REF;
         REQUIRE_OK(mha_sdpa_forward(&r.o_ref, &t[0], &t[1], &t[2], &opt));
         opt.kernel = MHA_KERNEL_AVX512;
@@ -560,11 +587,11 @@ TEST(attention_short_bf16_skips_and_declines) {
     mha_attn_problem p;
     mha_tensor vf = r.v; /* float32 v beside bf16 q, k */
     REQUIRE_OK(mha_sdpa_problem_init(&p, &t[0], &t[1], &vf, &r.o, &opt));
-    CHECK(!mha_attn_short_serves(&p, true));
+    CHECK(!mha_attn_short_serves(&p, MHA_KERNEL_AVX512, true));
     mha_tensor o16t = t[3]; /* f16 out */
     o16t.dtype = MHA_F16;
     if (mha_sdpa_problem_init(&p, &t[0], &t[1], &t[2], &o16t, &opt) == MHA_OK)
-        CHECK(!mha_attn_short_serves(&p, true));
+        CHECK(!mha_attn_short_serves(&p, MHA_KERNEL_AVX512, true));
     uint16_t ctx[17];
     CHECK_STATUS(mha_attn_short_bf16_avx512(ctx, MHA_F16, 17, q, k, v, 17, 1, 20, 1, 17, 1.0f,
                                             NULL),

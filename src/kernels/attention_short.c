@@ -117,9 +117,10 @@ static int64_t rows_per_item(const mha_attn_problem *p, int nthreads) {
 
 mha_status mha_attn_short_run(const mha_attn_problem *p, mha_kernel kernel) {
     const bool bf16 = p->q.dtype == MHA_BF16;
-    const mha_attn_short_fn fn = bf16                           ? NULL
-                                 : kernel == MHA_KERNEL_AVX512 ? *MHA_AVX512_PICK(mha_attn_short_avx512_loop)
-                                                               : mha_attn_short_avx2_loop;
+    const mha_attn_short_fn fn =
+        bf16 ? NULL
+        : kernel == MHA_KERNEL_AVX512 ? *MHA_AVX512_PICK(mha_attn_short_avx512_loop)
+                                      : mha_attn_short_avx2_loop;
     const mha_attn_short_bf16_fn fn16 =
         bf16 ? *MHA_AVX512_PICK(mha_attn_short_bf16_avx512_loop) : NULL;
     const size_t es = p->o.dtype == MHA_F32 ? 4 : 2;

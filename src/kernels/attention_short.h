@@ -86,6 +86,31 @@ static inline void mha_attn_short_pv_skipping(float *o, const float *p, const fl
         o[c] /= l;
 }
 
+/* The last key j in [j0, j1) whose value row (d values at v + j ld)
+ * holds an inf or NaN, -1 when none; _bf16 for bf16 rows.  A causal block
+ * of rows runs its P V product to its last row's keys, so a row meets the
+ * keys past its own with weight 0; a non-finite v there (a cache's
+ * unwritten tail, say) would make 0 * inf = NaN, so the SIMD loops redo
+ * the rows with a limit <= that key by mha_attn_short_pv_skipping, as the
+ * reference (which never reads them) computes them. */
+static inline int64_t mha_attn_short_last_nonfinite(const float *v, int64_t ld, int64_t d,
+                                                    int64_t j0, int64_t j1) {
+    for (int64_t j = j1 - 1; j >= j0; j--)
+        for (int64_t c = 0; c < d; c++)
+            if (!isfinite(v[j * ld + c]))
+                return j;
+    return -1;
+}
+
+static inline int64_t mha_attn_short_last_nonfinite_bf16(const uint16_t *v, int64_t ld,
+                                                         int64_t d, int64_t j0, int64_t j1) {
+    for (int64_t j = j1 - 1; j >= j0; j--)
+        for (int64_t c = 0; c < d; c++)
+            if ((v[j * ld + c] & 0x7f80u) == 0x7f80u) /* all-ones exponent */
+                return j;
+    return -1;
+}
+
 /* The AVX2+FMA loop (attention_short_avx2.c; any d >= 1): only after
  * mha_cpu_has_avx2_fma(). */
 extern const mha_attn_short_fn mha_attn_short_avx2_loop;

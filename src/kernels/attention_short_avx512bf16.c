@@ -266,6 +266,13 @@ static void attn_short_bf16_avx512(void *ctx, mha_dtype out, int64_t ldo, const 
             dp_rows(sr, 4, qr, kt, d2, d2, Lb, rows, &scale2, 0, 0);
             for (int r = 0; r < rows; r++)
                 l[r] = softmax_row_bf16(pb + r * Lp, sc + r * Lp, lim[r], Lb, &skips[r]);
+            if (diag >= 0) { /* the pairs reach key Sb when Sb is odd */
+                const int64_t j1 = (Sb + 1) / 2 * 2 < S ? (Sb + 1) / 2 * 2 : S;
+                const int64_t bad =
+                    mha_attn_short_last_nonfinite_bf16(v + h * d, ld, d, diag + i0 + 1, j1);
+                for (int r = 0; r < rows; r++)
+                    skips[r] |= lim[r] <= bad;
+            }
             dp_rows(orow, es, pr, vp, S2, (Sb + 1) / 2, d, rows, l, 1, bf16_out);
             for (int r = 0; r < rows; r++)
                 if (skips[r])

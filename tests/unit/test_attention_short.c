@@ -436,6 +436,53 @@ static void skips_neg_inf_on(mha_kernel kernel) {
     rows_free(&r);
 }
 
+/* Causal rows never see the keys past their own: a NaN or inf in those
+ * keys' v (a cache's unwritten tail, say) stays out of every row that
+ * cannot see it, as in the reference, though a block of rows shares its
+ * last row's keys. */
+static void causal_hides_future_values_on(mha_kernel kernel) {
+    rows_case rc = {1, 2, 1, 23, 16, false};
+    rows_data r;
+    rows_make(&r, &rc, 9);
+    float *v = r.v.data;
+    for (int64_t c = 0; c < 16; c++) {
+        v[22 * 16 + c] = c % 2 ? INFINITY : NAN; /* the last key: only row 22 sees it */
+        v[13 * 16 + c] = c % 3 ? -INFINITY : NAN; /* rows 13.. see it */
+    }
+    mha_sdpa_options opt;
+    mha_sdpa_options_init(&opt);
+    opt.causal = MHA_CAUSAL_TOP_LEFT;
+    opt.kernel = MHA_KERNEL_REF;
+    CHECK_STATUS(mha_sdpa_forward(&r.o_ref, &r.q, &r.k, &r.v, &opt), MHA_OK);
+    opt.kernel = kernel;
+    CHECK(served_on(&r, &opt, kernel));
+    CHECK_STATUS(mha_sdpa_forward(&r.o, &r.q, &r.k, &r.v, &opt), MHA_OK);
+    int bad = 0;
+    for (int64_t h = 0; h < 2; h++)
+        for (int64_t i = 0; i < 23; i++)
+            for (int64_t c = 0; c < 16; c++) {
+                const float g = r.got[(h * 23 + i) * 16 + c], w = r.want[(h * 23 + i) * 16 + c];
+                const bool ok = i < 13 ? isfinite(g) && fabsf(g - w) <= 1e-5f * (1 + fabsf(w))
+                                       : isnan(g) == isnan(w);
+                if (!ok && bad++ < 3)
+                    test_fail(__FILE__, __LINE__, "causal head %lld row %lld col %lld: %g vs %g",
+                              (long long)h, (long long)i, (long long)c, g, w);
+            }
+    rows_free(&r);
+}
+
+TEST(attention_short_causal_hides_future_values_avx2) {
+    if (!mha_cpu_has_avx2_fma())
+        SKIP("no AVX2+FMA on this CPU");
+    causal_hides_future_values_on(MHA_KERNEL_AVX2);
+}
+
+TEST(attention_short_causal_hides_future_values_avx512) {
+    if (!mha_avx512_runs())
+        SKIP("avx512: this CPU lacks AVX-512 and the test library has no emulation");
+    causal_hides_future_values_on(MHA_KERNEL_AVX512);
+}
+
 TEST(attention_short_skips_neg_inf_scores_avx2) {
     if (!mha_cpu_has_avx2_fma())
         SKIP("no AVX2+FMA on this CPU");
@@ -522,7 +569,8 @@ TEST(attention_short_bf16_serves_sdpa) {
         mha_attn_problem p;
         REQUIRE_OK(mha_sdpa_problem_init(&p, &t[0], &t[1], &t[2], &r.o, &opt));
         CHECK(mha_attn_short_serves(&p, MHA_KERNEL_AVX512, true));
-        CHECK(!mha_attn_short_serves(&p, MHA_KERNEL_AVX512, false)); /* without the vdpbf16ps products: flash */
+        /* without the vdpbf16ps products: flash */
+        CHECK(!mha_attn_short_serves(&p, MHA_KERNEL_AVX512, false));
         REQUIRE_OK(mha_sdpa_problem_init(&p, &t[0], &t[1], &t[2], &t[3], &opt));
         CHECK(mha_attn_short_serves(&p, MHA_KERNEL_AVX512, true));
         opt.kernel = MHA_KERNEL_REF;
@@ -558,6 +606,46 @@ TEST(attention_short_bf16_serves_sdpa) {
 /* bf16 rows with an -inf score (an infinite k): the key is skipped as in
  * the float32 loop, its inf / NaN v never reaching the output; mixed
  * dtypes and other out dtypes are not served by the bf16 loop. */
+/* Causal bf16 rows never see the keys past their own either (as
+ * causal_hides_future_values_on): a NaN or inf in those keys' bf16 v stays
+ * out of the rows that cannot see it. */
+TEST(attention_short_bf16_causal_hides_future_values) {
+    if (!bf16_rows_run())
+        SKIP("bf16 whole rows: no AVX512_BF16 (or AMX takes bf16 here) and no emulation");
+    const rows_case rc = {1, 2, 1, 23, 16, false};
+    rows_data r;
+    rows_make(&r, &rc, 1400);
+    uint16_t *buf, *o16;
+    mha_tensor t[4];
+    rows_to_bf16(&r, &rc, &buf, &o16, t);
+    uint16_t *v = t[2].data;
+    for (int64_t c = 0; c < 16; c++) {
+        v[22 * 16 + c] = c % 2 ? 0x7f80u : 0x7fc0u; /* inf, NaN: only row 22 sees key 22 */
+        v[13 * 16 + c] = c % 3 ? 0xff80u : 0x7fc0u; /* rows 13.. see key 13 */
+    }
+    mha_sdpa_options opt;
+    mha_sdpa_options_init(&opt);
+    opt.causal = MHA_CAUSAL_TOP_LEFT;
+    opt.kernel = MHA_KERNEL_REF;
+    REQUIRE_OK(mha_sdpa_forward(&r.o_ref, &t[0], &t[1], &t[2], &opt));
+    opt.kernel = MHA_KERNEL_AVX512;
+    REQUIRE_OK(mha_sdpa_forward(&r.o, &t[0], &t[1], &t[2], &opt));
+    int bad = 0;
+    for (int64_t h = 0; h < 2; h++)
+        for (int64_t i = 0; i < 23; i++)
+            for (int64_t c = 0; c < 16; c++) {
+                const float g = r.got[(h * 23 + i) * 16 + c], w = r.want[(h * 23 + i) * 16 + c];
+                const bool ok = i < 13 ? isfinite(g) && fabsf(g - w) <= 5e-3f * (1 + fabsf(w))
+                                       : isnan(g) == isnan(w);
+                if (!ok && bad++ < 3)
+                    test_fail(__FILE__, __LINE__,
+                              "bf16 causal head %lld row %lld col %lld: %g vs %g", (long long)h,
+                              (long long)i, (long long)c, g, w);
+            }
+    free(buf), free(o16);
+    rows_free(&r);
+}
+
 TEST(attention_short_bf16_skips_and_declines) {
     if (!bf16_rows_run())
         SKIP("bf16 whole rows: no AVX512_BF16 (or AMX takes bf16 here) and no emulation");

@@ -111,6 +111,26 @@ static inline int64_t mha_attn_short_last_nonfinite_bf16(const uint16_t *v, int6
     return -1;
 }
 
+/* After a block's P V product (float32 loops): the rows whose softmax
+ * marked a key (skips[r]) and, causal (diag >= 0), those that met a
+ * non-finite v past their own keys (mha_attn_short_last_nonfinite over the
+ * keys diag + i0 + 1 .. Sb - 1) are redone by mha_attn_short_pv_skipping.
+ * orow (rows, d) the block's outputs, sr (rows, >= Sb) its weights, lim and
+ * l each row's key limit and sum, v (S, d) rows ld apart. */
+static inline void mha_attn_short_redo_rows(float *const *orow, float *const *sr,
+                                            const int64_t *lim, const float *l, bool *skips,
+                                            int rows, const float *v, int64_t ld, int64_t d,
+                                            int64_t diag, int64_t i0, int64_t Sb) {
+    if (diag >= 0) {
+        const int64_t bad = mha_attn_short_last_nonfinite(v, ld, d, diag + i0 + 1, Sb);
+        for (int r = 0; r < rows; r++)
+            skips[r] |= lim[r] <= bad;
+    }
+    for (int r = 0; r < rows; r++)
+        if (skips[r])
+            mha_attn_short_pv_skipping(orow[r], sr[r], v, ld, lim[r], d, l[r]);
+}
+
 /* The AVX2+FMA loop (attention_short_avx2.c; any d >= 1): only after
  * mha_cpu_has_avx2_fma(). */
 extern const mha_attn_short_fn mha_attn_short_avx2_loop;

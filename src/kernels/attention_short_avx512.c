@@ -191,16 +191,10 @@ static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const flo
                 for (int64_t j = lim[r]; j < Sb; j++)
                     sr[r][j] = 0.0f;
             }
-            if (diag >= 0) { /* a row's zero weights past its keys must not meet inf/NaN */
-                const int64_t bad =
-                    mha_attn_short_last_nonfinite(v + h * d, ld, d, diag + i0 + 1, Sb);
-                for (int r = 0; r < rows; r++)
-                    skips[r] |= lim[r] <= bad;
-            }
             mm_rows(orow, pr, v + h * d, ld, 2 * NV, Sb, d, rows, l, 1);
-            for (int r = 0; r < rows; r++)
-                if (skips[r])
-                    mha_attn_short_pv_skipping(orow[r], sr[r], v + h * d, ld, lim[r], d, l[r]);
+            /* -inf scores; causal: inf/NaN v past a row's keys */
+            mha_attn_short_redo_rows(orow, sr, lim, l, skips, rows, v + h * d, ld, d, diag, i0,
+                                     Sb);
         }
     }
 }

@@ -175,6 +175,12 @@ bool mha_avx512_bf16_runs(void);
  * float32 FMA (AMD Zen 4; not the Intel Xeons measured): the avx512 kernel
  * then multiplies bf16 tensors as pairs, otherwise it widens them. */
 bool mha_cpu_bf16_dot_is_fast(void);
+/* The CPU's vendor is AMD (CPUID leaf 0), and its L2 cache per core in
+ * bytes (512 KiB when the CPU does not say): facts the kernels' size
+ * rules read (attention_short.c), never a timing, so one machine always
+ * takes the same loops and the same bits. */
+bool mha_cpu_is_amd(void);
+int64_t mha_cpu_l2_bytes(void);
 /* MHA_OK when mha_avx512_runs(), else MHA_ERR_UNSUPPORTED naming AVX-512:
  * the one refusal of every avx512 dispatch (never a silent fallback). */
 mha_status mha_avx512_check(void);

@@ -178,22 +178,47 @@ bool mha_avx512_runs(void) { return mha_avx512_emulated() || mha_cpu_has_avx512(
 
 bool mha_avx512_bf16_runs(void) { return mha_avx512_emulated() || mha_cpu_has_avx512_bf16(); }
 
+/* CPUID leaf 0's vendor string is "AuthenticAMD". */
+static bool probe_amd(void) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    unsigned a, b, c, d;
+    return __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u &&
+           c == 0x444d4163u;
+#else
+    return false;
+#endif
+}
+
+bool mha_cpu_is_amd(void) {
+    static _Atomic int known;
+    return probe_once(&known, probe_amd);
+}
+
+/* glibc reads the L2 size from CPUID (leaf 4 on Intel, 0x80000006 on
+ * AMD); a machine that does not say is taken as 512 KiB, the smallest
+ * L2 of the AVX2 server cores we run on (Zen 2/3). */
+int64_t mha_cpu_l2_bytes(void) {
+    static _Atomic int64_t known;
+    int64_t v = known;
+    if (!v) {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+        const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        v = l2 > 0 ? (int64_t)l2 : (int64_t)512 << 10;
+#else
+        v = (int64_t)512 << 10;
+#endif
+        known = v;
+    }
+    return v;
+}
+
 /* Whether vdpbf16ps outruns the float32 FMA loops it would replace: on AMD
  * (Zen 4: one 512-bit vdpbf16ps per cycle, 64 FLOPs, twice the FMA rate),
  * not on the Intel Xeon measured (an AVX-512 server core: 0.5 per cycle,
  * 77-82 GFLOP/s per core against 152-168 for the FMA loop, bench/dot_peak.c;
  * the bf16 forward ran at 0.64x its float32 time).  Decided by vendor, never by a
  * timing, so a given CPU always takes the same loops and the same bits. */
-static bool probe_bf16_dot_fast(void) {
-#if defined(__GNUC__) && defined(__x86_64__)
-    unsigned a, b, c, d;
-    if (!mha_cpu_has_avx512_bf16() || !__get_cpuid(0, &a, &b, &c, &d))
-        return false;
-    return b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* "AuthenticAMD" */
-#else
-    return false;
-#endif
-}
+static bool probe_bf16_dot_fast(void) { return mha_cpu_has_avx512_bf16() && mha_cpu_is_amd(); }
 
 bool mha_cpu_bf16_dot_is_fast(void) {
     static _Atomic int known;

@@ -56,6 +56,14 @@ mha_status mha_attn_short_bf16_avx512(void *ctx, mha_dtype out, int64_t ldo, con
 
 /* ---- mha_sdpa_forward's plain problems ---------------------------------------- */
 
+int64_t mha_attn_short_avx512_max_sd(void) {
+    if (MHA_ATTN_SHORT_AVX512_MAX_SD >= 0)
+        return MHA_ATTN_SHORT_AVX512_MAX_SD;
+    if (mha_cpu_is_amd())
+        return 524288;
+    return mha_cpu_l2_bytes() / 16; /* 8 S d bytes <= L2 / 2 */
+}
+
 /* q, k, v and out all float32, or q, k, v bf16 (with bf16_dots) and out
  * float32 or bf16. */
 static bool short_dtypes(const mha_attn_problem *p, bool bf16_dots) {
@@ -85,10 +93,10 @@ bool mha_attn_short_serves(const mha_attn_problem *p, mha_kernel kernel, bool bf
                        !p->lse.data && !p->qk.data && !p->softmax_f64 && !p->onnx_scale;
     const bool shaped = p->L == p->S && p->d == p->dv && p->q.stride[2] == p->k.stride[2] &&
                         p->k.stride[2] == p->v.stride[2];
-    /* avx512: one head's float32 K^T and V up to 2 MiB each; avx2: see
-     * MHA_ATTN_SHORT_AVX2_MAX_SD; both measured faster than the flash tiles
-     * to there (attention_short.h) */
-    const int64_t most = kernel == MHA_KERNEL_AVX512 ? 524288 : MHA_ATTN_SHORT_AVX2_MAX_SD;
+    /* both measured faster than the flash tiles up to their bound
+     * (attention_short.h) */
+    const int64_t most =
+        kernel == MHA_KERNEL_AVX512 ? mha_attn_short_avx512_max_sd() : MHA_ATTN_SHORT_AVX2_MAX_SD;
     const bool fits = p->S * p->d <= most;
     return plain && shaped && fits;
 }

@@ -49,6 +49,21 @@
 #ifndef MHA_ATTN_SHORT_AVX2_MAX_SD
 #define MHA_ATTN_SHORT_AVX2_MAX_SD 131072
 #endif
+/* The same bound for the avx512 loop, by the machine's caches
+ * (mha_attn_short_avx512_max_sd); defining it at build time replaces the
+ * rule (to measure the loop against the flash tiles: 0 turns it off). */
+#ifndef MHA_ATTN_SHORT_AVX512_MAX_SD
+#define MHA_ATTN_SHORT_AVX512_MAX_SD (-1)
+#endif
+
+/* The longest rows the avx512 loop serves, as S d: on AMD 524288 (one
+ * head's float32 K^T and V up to 2 MiB each: Zen 4's 1 MiB L2 backed by
+ * its fast L3 held them, 1.05-1.17x the flash tiles there); elsewhere
+ * (Intel Xeon, whose L3 is far slower) as long as K^T and V (8 S d bytes)
+ * fit in half of a core's L2: 131072 with 2 MiB, where the loop is
+ * 1.0-1.2x the flash tiles and 0.5-0.9x beyond (docs/performance.md,
+ * "Whole rows on Intel"). */
+int64_t mha_attn_short_avx512_max_sd(void);
 
 /* Workspace floats for S keys and head width d. */
 int64_t mha_attn_short_ws_floats(int64_t S, int64_t d);

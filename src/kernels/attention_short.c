@@ -10,13 +10,14 @@
 static int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
 
 int64_t mha_attn_short_ws_floats(int64_t S, int64_t d) {
-    /* avx2: K^T (d, S rounded to 16) and 6 score rows; avx512: K^T (d, S
-     * rounded to 32) and 8 score rows; avx512 bf16: K^T pairs (ceil(d/2),
+    /* avx2: K^T (d, S rounded to 16), V (d rounded to 16, S rounded to 16)
+     * and 6 score rows; avx512: K^T (d, S rounded to 32), V (d rounded to
+     * 32, S rounded to 32) and 8 score rows; avx512 bf16: K^T pairs (ceil(d/2),
      * S rounded to 32), V pairs (ceil(S/2), d rounded to 32), 8 score rows,
      * 8 bf16 P rows, 8 q rows of pairs; the largest; the reference: 1 row */
     const int64_t Lp16 = (S + 15) / 16 * 16, Lp32 = (S + 31) / 32 * 32;
     const int64_t d2 = (d + 1) / 2, dv32 = (d + 31) / 32 * 32;
-    const int64_t avx2 = (d + 6) * Lp16, avx512 = (d + 8) * Lp32;
+    const int64_t avx2 = (d + 6 + (d + 15) / 16 * 16) * Lp16, avx512 = (d + 8 + (d + 31) / 32 * 32) * Lp32;
     const int64_t bf16 = round16(d2 * Lp32) + round16((S + 1) / 2 * dv32) + 8 * Lp32 +
                          4 * Lp32 + 8 * d2;
     const int64_t most = avx2 > avx512 ? avx2 : avx512;

@@ -13,8 +13,9 @@
  *            under a mask: keys past the row's limit are neither maxed nor
  *            summed; an -inf score, from an infinite q or k, marks its key
  *            -0.0 and the row's P V is redone skipping it, as the reference)
- *   ctx (6, d) = P V / l               (mm_block: A = the P rows, B = the v
- *            rows read in place, a last partial 16-column panel under masks)
+ *   ctx (6, d) = P V / l               (mm_block: A = the P rows, B = V
+ *            packed once per head in panels of 16 columns (pack_v), a last
+ *            partial panel under masks)
  *
  * Register blocking (mm_block; BLIS's haswell sgemm shape): C (6, 16) +=
  * A (6, K) B (K, 16) as 6 rows x 2 YMM = 12 accumulators + 2 loads of B +
@@ -141,27 +142,29 @@ static void scores_rows(float *const sr[R], const float *const qr[R], const floa
     }
 }
 
-/* ctx rows (rows, d) = P (rows, Sb) v (Sb, d) / l[r], v rows ld apart, in
- * column panels of 16; the last partial panel under masks. */
-static void context_rows(float *const orow[R], const float *const pr[R], const float *v,
-                         int64_t ld, int64_t Sb, int64_t d, int rows, const float *l) {
+/* ctx rows (rows, d) = P (rows, Sb) V (Sb, d) / l[r], V packed in column
+ * panels of 16 (vp (ceil(d/16), Lp, 16), pack_v); the last partial panel
+ * under masks. */
+static void context_rows(float *const orow[R], const float *const pr[R], const float *vp,
+                         int64_t Lp, int64_t Sb, int64_t d, int rows, const float *l) {
     const __m256i all = _mm256_set1_epi32(-1);
     int64_t p = 0;
     for (; p + PW <= d; p += PW) {
         float *cp[R];
         for (int r = 0; r < R; r++)
             cp[r] = orow[r] + p;
-        mm_block(cp, pr, v + p, ld, Sb, all, all, rows, l, 1, 2, 0);
+        mm_block(cp, pr, vp + p / PW * Lp * PW, PW, Sb, all, all, rows, l, 1, 2, 0);
     }
     if (p < d) {
         float *cp[R];
         for (int r = 0; r < R; r++)
             cp[r] = orow[r] + p;
+        const float *panel = vp + p / PW * Lp * PW;
         const int64_t left = d - p;
         if (left > NV)
-            mm_block(cp, pr, v + p, ld, Sb, all, mask8(left - NV), rows, l, 1, 2, 1);
+            mm_block(cp, pr, panel, PW, Sb, all, mask8(left - NV), rows, l, 1, 2, 1);
         else
-            mm_block(cp, pr, v + p, ld, Sb, mask8(left), all, rows, l, 1, 1, 1);
+            mm_block(cp, pr, panel, PW, Sb, mask8(left), all, rows, l, 1, 1, 1);
     }
 }
 
@@ -242,6 +245,23 @@ static void gather_kt(float *kt, int64_t Lp, const float *k, int64_t ld, int64_t
         }
 }
 
+/* vp (ceil(d/16), Lp, 16) = v (S, d) rows ld apart in panels of 16 columns
+ * (zeros past d), so each panel of P V is one contiguous stream, where v
+ * read in place strides ld floats a key (3 E in the whole MHA's (L, 3E)
+ * buffer: a page a row); as the avx512 loop's pack_v.  Rows S..Lp are not
+ * written (P V reads keys < S only). */
+static void pack_v(float *vp, int64_t Lp, const float *v, int64_t ld, int64_t S, int64_t d) {
+    for (int64_t c0 = 0; c0 < d; c0 += PW) {
+        const __m256i m0 = mask8(d - c0), m1 = mask8(d - c0 - NV);
+        float *panel = vp + c0 / PW * Lp * PW;
+        for (int64_t j = 0; j < S; j++) {
+            const float *row = v + j * ld + c0;
+            _mm256_storeu_ps(panel + j * PW, _mm256_maskload_ps(row, m0));
+            _mm256_storeu_ps(panel + j * PW + NV, _mm256_maskload_ps(row + NV, m1));
+        }
+    }
+}
+
 /* The kernel (attention_short.h's signature; ws: mha_attn_short_ws_floats).
  * diag >= 0 (causal): row i sees keys 0..diag + i, so a block of rows
  * stops its products at its last row's keys and each row's softmax at its
@@ -252,9 +272,12 @@ static void attn_short_avx2(float *ctx, int64_t ldo, const float *q, const float
     const int64_t Lp = (S + PW - 1) / PW * PW;
     /* scores in log2 units: the softmax's e^(x) is 2^(x log2 e) */
     const float scale2 = scale * 1.44269504088896341f;
-    float *kt = ws, *sc = ws + d * Lp; /* K^T (Lp/16, d, 16), scores (R, Lp) */
+    const int64_t dp = (d + PW - 1) / PW * PW;
+    /* K^T (Lp/16, d, 16), V (dp/16, Lp, 16), scores (R, Lp) */
+    float *kt = ws, *vp = ws + d * Lp, *sc = vp + dp * Lp;
     for (int64_t h = 0; h < H; h++) {
         gather_kt(kt, Lp, k + h * d, ld, S, d);
+        pack_v(vp, Lp, v + h * d, ld, S, d);
         for (int64_t i0 = 0; i0 < L; i0 += R) {
             const int rows = L - i0 < R ? (int)(L - i0) : R;
             const float *qr[R], *pr[R];
@@ -276,7 +299,7 @@ static void attn_short_avx2(float *ctx, int64_t ldo, const float *q, const float
                 for (int64_t j = lim[r]; j < Sb; j++)
                     sr[r][j] = 0.0f;
             }
-            context_rows(orow, pr, v + h * d, ld, Sb, d, rows, l);
+            context_rows(orow, pr, vp, Lp, Sb, d, rows, l);
             /* -inf scores; causal: inf/NaN v past a row's keys */
             mha_attn_short_redo_rows(orow, sr, lim, l, skips, rows, v + h * d, ld, d, diag, i0,
                                      Sb);

@@ -13,8 +13,8 @@
  *            one under a mask: keys past S are neither maxed nor summed;
  *            an -inf score, from an infinite q or k, marks its key -0.0
  *            and the row's P V is redone skipping it, as the reference)
- *   ctx (8, d) = P V / l            (mm_block: A = the P rows, B = the v
- *            rows read in place, the last head column vector under a mask)
+ *   ctx (8, d) = P V / l            (mm_block: A = the P rows, B = V
+ *            packed once per head in panels of 32 columns, pack_v)
  *
  * Register blocking (mm_block): C (8, 32) += A (8, K) B (K, 32) as 8 rows x
  * 2 ZMM = 16 accumulators; per step of K 2 loads of B, 8 broadcasts of A
@@ -34,7 +34,7 @@
  * Memory: one head's K^T and V (S d floats each, 16 KB at S = 128, d = 32)
  * and sc (8 Lp) stay in L1 for the whole head at the encoder's lengths; at
  * the longest served (S d = 524288) K^T and V are 2 MiB each and stream
- * from L2/L3, a panel of K^T contiguous.  K^T is gathered by 16 x 16
+ * from L2/L3, a panel of K^T or V contiguous.  K^T is gathered by 16 x 16
  * register transposes (transpose16_ps): 64 shuffles per 256 floats, where
  * scalar moves took 11% of the time at L = 128, d = 32 (perf, Zen 4).
  *
@@ -157,6 +157,25 @@ static void gather_kt(float *kt, int64_t Sp, const float *k, int64_t ld, int64_t
         }
 }
 
+/* vp (ceil(d/32), Sp, 32) = v (S, d) rows ld apart in panels of 32
+ * columns (zeros past d), so each panel of P V is one contiguous stream:
+ * read in place, a head's v rows are ld apart (3 E floats in the
+ * projections' (L, 3E) buffer, 6 KiB at E = 512), every row on a page of
+ * its own, and the P V of the whole MHA ran at half the speed of the same
+ * attention on contiguous heads (docs/performance.md, "Whole rows on
+ * Intel").  Rows S..Sp are not written (P V reads keys < S only). */
+static void pack_v(float *vp, int64_t Sp, const float *v, int64_t ld, int64_t S, int64_t d) {
+    for (int64_t c0 = 0; c0 < d; c0 += 2 * NV) {
+        const __mmask16 m0 = mask16(d - c0), m1 = d - c0 > NV ? mask16(d - c0 - NV) : 0;
+        float *panel = vp + c0 / (2 * NV) * Sp * 2 * NV;
+        for (int64_t j = 0; j < S; j++) {
+            const float *row = v + j * ld + c0;
+            _mm512_storeu_ps(panel + j * 2 * NV, _mm512_maskz_loadu_ps(m0, row));
+            _mm512_storeu_ps(panel + j * 2 * NV + NV, _mm512_maskz_loadu_ps(m1, row + NV));
+        }
+    }
+}
+
 /* The kernel (attention_short.h's signature; ws: mha_attn_short_ws_floats).
  * diag >= 0 (causal): row i sees keys 0..diag + i, so a block of rows
  * stops its products at its last row's keys and each row's softmax at its
@@ -167,9 +186,12 @@ static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const flo
     const int64_t Lp = (S + 2 * NV - 1) / (2 * NV) * (2 * NV);
     /* scores in log2 units: the softmax's e^(x) is 2^(x log2 e) */
     const float scale2 = scale * 1.44269504088896341f;
-    float *kt = ws, *sc = ws + d * Lp; /* K^T (Lp/32, d, 32), scores (R, Lp) */
+    const int64_t dp = (d + 2 * NV - 1) / (2 * NV) * (2 * NV);
+    /* K^T (Lp/32, d, 32), V (dp/32, Lp, 32), scores (R, Lp) */
+    float *kt = ws, *vp = ws + d * Lp, *sc = vp + dp * Lp;
     for (int64_t h = 0; h < H; h++) {
         gather_kt(kt, Lp, k + h * d, ld, S, d);
+        pack_v(vp, Lp, v + h * d, ld, S, d);
         for (int64_t i0 = 0; i0 < L; i0 += R) {
             const int rows = L - i0 < R ? (int)(L - i0) : R;
             const float *qr[R], *pr[R];
@@ -191,7 +213,7 @@ static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const flo
                 for (int64_t j = lim[r]; j < Sb; j++)
                     sr[r][j] = 0.0f;
             }
-            mm_rows(orow, pr, v + h * d, ld, 2 * NV, Sb, d, rows, l, 1);
+            mm_rows(orow, pr, vp, 2 * NV, Lp * 2 * NV, Sb, d, rows, l, 1);
             /* -inf scores; causal: inf/NaN v past a row's keys */
             mha_attn_short_redo_rows(orow, sr, lim, l, skips, rows, v + h * d, ld, d, diag, i0,
                                      Sb);

@@ -17,7 +17,8 @@ int64_t mha_attn_short_ws_floats(int64_t S, int64_t d) {
      * 8 bf16 P rows, 8 q rows of pairs; the largest; the reference: 1 row */
     const int64_t Lp16 = (S + 15) / 16 * 16, Lp32 = (S + 31) / 32 * 32;
     const int64_t d2 = (d + 1) / 2, dv32 = (d + 31) / 32 * 32;
-    const int64_t avx2 = (d + 6 + (d + 15) / 16 * 16) * Lp16, avx512 = (d + 8 + (d + 31) / 32 * 32) * Lp32;
+    const int64_t avx2 = (d + 6 + (d + 15) / 16 * 16) * Lp16;
+    const int64_t avx512 = (d + 8 + (d + 31) / 32 * 32) * Lp32;
     const int64_t bf16 = round16(d2 * Lp32) + round16((S + 1) / 2 * dv32) + 8 * Lp32 +
                          4 * Lp32 + 8 * d2;
     const int64_t most = avx2 > avx512 ? avx2 : avx512;

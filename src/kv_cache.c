@@ -285,22 +285,35 @@ typedef struct decode_args {
     const mha_decode_isa *isa;
     const float *q;          /* (B,Hq,d) contiguous, rotated and pre-scaled */
     int64_t Hq, G, len, nsplit;
+    int64_t tasks;           /* B*Hkv*nsplit splits, task t = (b, hk, split) */
+    bool ask_ahead;          /* K and V past MHA_DECODE_AHEAD_MIN_BYTES      */
     float softcap;
     const mha_tensor *alibi; /* (Hq) or data NULL */
     float *part;             /* (B,Hkv,nsplit,G,dv+2): acc, m, l            */
 } decode_args;
 
-/* One split: keys [j0, j1) of (b, kv head hk) for the G query heads;
- * s (G, SPLIT_KEYS) is this thread's scratch. */
-static void decode_split(const decode_args *a, int64_t b, int64_t hk, int64_t sp, float *s) {
+/* Task t's split: (b, kv head hk) = pair, keys [j0, j0 + n). */
+static void split_of(const decode_args *a, int64_t t, int64_t *pair, int64_t *j0, int64_t *n) {
+    *pair = t / a->nsplit;
+    *j0 = t % a->nsplit * SPLIT_KEYS;
+    *n = *j0 + SPLIT_KEYS < a->len ? SPLIT_KEYS : a->len - *j0;
+}
+
+/* Task t: one split, keys [j0, j0+n) of (b, kv head hk) for the G query
+ * heads; s (G, SPLIT_KEYS) is this thread's scratch.  Q.K asks for the
+ * split's V rows and P.V for the K rows of task t + 1, the same thread's
+ * next task but at the end of its static range (mha_decode_ahead). */
+static void decode_split(const decode_args *a, int64_t t, float *s) {
     const mha_kv_cache *c = a->c;
     const int64_t dv = c->dv, G = a->G;
-    const int64_t j0 = sp * SPLIT_KEYS, j1 = j0 + SPLIT_KEYS < a->len ? j0 + SPLIT_KEYS : a->len;
-    const int64_t n = j1 - j0;
-    const void *kb = k_row(c, b * c->Hkv + hk, j0), *vb = v_row(c, b * c->Hkv + hk, j0);
-    float *part = a->part + ((b * c->Hkv + hk) * a->nsplit + sp) * G * (dv + 2);
+    int64_t bh, j0, n;
+    split_of(a, t, &bh, &j0, &n);
+    const int64_t b = bh / c->Hkv, hk = bh % c->Hkv;
+    const void *kb = k_row(c, bh, j0), *vb = v_row(c, bh, j0);
+    float *part = a->part + t * G * (dv + 2);
+    mha_decode_ahead ahead = {a->ask_ahead ? vb : NULL, n, (size_t)dv * c->es};
     /* scores (G, n): each K row read once for the group */
-    a->isa->qk(s, a->q + (b * a->Hq + hk * G) * c->d, kb, c->dtype, n, G, c->d);
+    a->isa->qk(s, a->q + (b * a->Hq + hk * G) * c->d, kb, c->dtype, n, G, c->d, &ahead);
     for (int64_t g = 0; g < G; g++) {
         float *sg = s + g * n;
         const float slope =
@@ -329,7 +342,13 @@ static void decode_split(const decode_args *a, int64_t b, int64_t hk, int64_t sp
     float *acc = s + G * SPLIT_KEYS;
     for (int64_t x = 0; x < G * dv; x++)
         acc[x] = 0.0f;
-    a->isa->pv(acc, s, vb, c->dtype, n, G, dv);
+    ahead.p = NULL;
+    if (a->ask_ahead && t + 1 < a->tasks) {
+        int64_t bh1, j1, n1;
+        split_of(a, t + 1, &bh1, &j1, &n1);
+        ahead = (mha_decode_ahead){k_row(c, bh1, j1), n1, (size_t)c->d * c->es};
+    }
+    a->isa->pv(acc, s, vb, c->dtype, n, G, dv, &ahead);
     for (int64_t g = 0; g < G; g++)
         for (int64_t x = 0; x < dv; x++)
             part[g * (dv + 2) + x] = acc[g * dv + x];
@@ -394,14 +413,14 @@ static mha_status decode_splits(mha_tensor *out, float *q, const mha_kv_cache *c
         q[x] = p->onnx_scale ? (q[x] * p->qk_scale) * p->qk_scale : q[x] * p->scale;
     const mha_decode_isa *isa;
     MHA_TRY(mha_decode_isa_for(kr, &isa));
-    decode_args a = {c, isa, q, Hq, G, len, nsplit, p->softcap, &p->alibi, work};
-    const int64_t tasks = B * c->Hkv * nsplit;
-    float *scratch = work + B * c->Hkv * nsplit * G * (dv + 2);
+    const double bytes = (double)(B * c->Hkv * len) * (double)(d + dv) * (double)c->es;
+    decode_args a = {c,          isa,       q,   Hq, G, len, nsplit, B * c->Hkv * nsplit,
+                     bytes > MHA_DECODE_AHEAD_MIN_BYTES, p->softcap, &p->alibi, work};
+    float *scratch = work + a.tasks * G * (dv + 2);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t t = 0; t < tasks; t++) {
+    for (int64_t t = 0; t < a.tasks; t++) {
         const int tid = mha_thread_index();
-        int64_t sp = t % nsplit, hk = (t / nsplit) % c->Hkv, b = t / (nsplit * c->Hkv);
-        decode_split(&a, b, hk, sp, scratch + (size_t)tid * (size_t)(G * (SPLIT_KEYS + dv)));
+        decode_split(&a, t, scratch + (size_t)tid * (size_t)(G * (SPLIT_KEYS + dv)));
     }
     /* merge the splits in order (double), with the sink as one more term */
     for (int64_t b = 0; b < B; b++)

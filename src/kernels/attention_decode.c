@@ -29,7 +29,8 @@ qk_scalar_dt(float *s, const float *q, const void *k, mha_dtype dt, int64_t n, i
 }
 
 static void qk_scalar(float *s, const float *q, const void *k, mha_dtype dt, int64_t n, int64_t G,
-                      int64_t d) {
+                      int64_t d, const mha_decode_ahead *ahead) {
+    (void)ahead; /* the portable loops leave the lines to the hardware */
     switch (dt) {
     case MHA_F16: qk_scalar_dt(s, q, k, MHA_F16, n, G, d); break;
     case MHA_BF16: qk_scalar_dt(s, q, k, MHA_BF16, n, G, d); break;
@@ -52,7 +53,8 @@ pv_scalar_dt(float *acc, const float *p, const void *v, mha_dtype dt, int64_t n,
 }
 
 static void pv_scalar(float *acc, const float *p, const void *v, mha_dtype dt, int64_t n,
-                      int64_t G, int64_t dv) {
+                      int64_t G, int64_t dv, const mha_decode_ahead *ahead) {
+    (void)ahead;
     switch (dt) {
     case MHA_F16: pv_scalar_dt(acc, p, v, MHA_F16, n, G, dv); break;
     case MHA_BF16: pv_scalar_dt(acc, p, v, MHA_BF16, n, G, dv); break;

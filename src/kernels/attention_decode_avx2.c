@@ -76,13 +76,16 @@ static inline __attribute__((always_inline)) void qk_tile(float *s, const float 
  * ahead measured no different on Zen 1). */
 static inline __attribute__((always_inline)) void qk_heads(float *s, const float *q, const void *k,
                                                            mha_dtype dt, int64_t n, int64_t d,
+                                                           const mha_decode_ahead *ahead,
                                                            const int GN, const int KB) {
     const size_t es = dt == MHA_F32 ? 4 : 2;
     int64_t j = 0;
     for (; j + KB <= n; j += KB) {
         mha_decode_touch_lines((const char *)k + (size_t)(j * d) * es, (size_t)(KB * d) * es);
+        mha_decode_ask_ahead(ahead, j, KB);
         qk_tile(s, q, k, dt, n, d, j, GN, KB);
     }
+    mha_decode_ask_ahead(ahead, j, n - j);
     for (; j < n; j++)
         qk_tile(s, q, k, dt, n, d, j, GN, 1);
 }
@@ -90,25 +93,27 @@ static inline __attribute__((always_inline)) void qk_heads(float *s, const float
 /* Heads in blocks of up to 4, keys in tiles so that 8 chains run. */
 static inline __attribute__((always_inline)) void qk_avx2_dt(float *s, const float *q,
                                                              const void *k, mha_dtype dt,
-                                                             int64_t n, int64_t G, int64_t d) {
+                                                             int64_t n, int64_t G, int64_t d,
+        const mha_decode_ahead *ahead) {
     for (int64_t g0 = 0; g0 < G; g0 += 4) {
         float *sg = s + g0 * n;
         const float *qg = q + g0 * d;
+        const mha_decode_ahead *ah = g0 == 0 ? ahead : &(const mha_decode_ahead){0}; /* once */
         switch (G - g0 < 4 ? G - g0 : 4) {
-        case 1: qk_heads(sg, qg, k, dt, n, d, 1, 8); break;
-        case 2: qk_heads(sg, qg, k, dt, n, d, 2, 4); break;
-        case 3: qk_heads(sg, qg, k, dt, n, d, 3, 2); break;
-        default: qk_heads(sg, qg, k, dt, n, d, 4, 2); break;
+        case 1: qk_heads(sg, qg, k, dt, n, d, ah, 1, 8); break;
+        case 2: qk_heads(sg, qg, k, dt, n, d, ah, 2, 4); break;
+        case 3: qk_heads(sg, qg, k, dt, n, d, ah, 3, 2); break;
+        default: qk_heads(sg, qg, k, dt, n, d, ah, 4, 2); break;
         }
     }
 }
 
 static void qk_avx2(float *s, const float *q, const void *k, mha_dtype dt, int64_t n, int64_t G,
-                    int64_t d) {
+                    int64_t d, const mha_decode_ahead *ahead) {
     switch (dt) {
-    case MHA_F16: qk_avx2_dt(s, q, k, MHA_F16, n, G, d); break;
-    case MHA_BF16: qk_avx2_dt(s, q, k, MHA_BF16, n, G, d); break;
-    default: qk_avx2_dt(s, q, k, MHA_F32, n, G, d); break;
+    case MHA_F16: qk_avx2_dt(s, q, k, MHA_F16, n, G, d, ahead); break;
+    case MHA_BF16: qk_avx2_dt(s, q, k, MHA_BF16, n, G, d, ahead); break;
+    default: qk_avx2_dt(s, q, k, MHA_F32, n, G, d, ahead); break;
     }
 }
 
@@ -151,13 +156,15 @@ static inline __attribute__((always_inline)) void pv_tile(float *acc, const floa
 enum { PV_KEYS = 16 };
 static inline __attribute__((always_inline)) void pv_heads(float *acc, const float *p,
                                                            const void *v, mha_dtype dt, int64_t n,
-                                                           int64_t dv, const int GN, const int CB) {
+                                                           int64_t dv, const mha_decode_ahead *ahead,
+                                                           const int GN, const int CB) {
     const size_t es = dt == MHA_F32 ? 4 : 2;
     for (int64_t j0 = 0; j0 < n; j0 += PV_KEYS) {
         const int64_t nb = n - j0 < PV_KEYS ? n - j0 : PV_KEYS;
         const void *vb = (const char *)v + (size_t)(j0 * dv) * es;
         const float *pb = p + j0;
         mha_decode_touch_lines(vb, (size_t)(nb * dv) * es);
+        mha_decode_ask_ahead(ahead, j0, nb);
         int64_t x = 0;
         for (; x + 8 * CB <= dv; x += 8 * CB)
             pv_tile(acc, pb, vb, dt, n, nb, dv, x, GN, CB);
@@ -173,29 +180,32 @@ static inline __attribute__((always_inline)) void pv_heads(float *acc, const flo
 /* Heads in blocks of up to 8, columns in tiles so that 6-8 chains run. */
 static inline __attribute__((always_inline)) void pv_avx2_dt(float *acc, const float *p,
                                                              const void *v, mha_dtype dt,
-                                                             int64_t n, int64_t G, int64_t dv) {
+                                                             int64_t n, int64_t G, int64_t dv,
+        const mha_decode_ahead *ahead) {
     for (int64_t g0 = 0; g0 < G; g0 += 8) {
         float *ag = acc + g0 * dv;
         const float *pg = p + g0 * n;
+        const mha_decode_ahead *ah = g0 == 0 ? ahead : &(const mha_decode_ahead){0}; /* once */
         switch (G - g0 < 8 ? G - g0 : 8) {
-        case 1: pv_heads(ag, pg, v, dt, n, dv, 1, 4); break;
-        case 2: pv_heads(ag, pg, v, dt, n, dv, 2, 4); break;
-        case 3: pv_heads(ag, pg, v, dt, n, dv, 3, 2); break;
-        case 4: pv_heads(ag, pg, v, dt, n, dv, 4, 2); break;
-        case 5: pv_heads(ag, pg, v, dt, n, dv, 5, 1); break;
-        case 6: pv_heads(ag, pg, v, dt, n, dv, 6, 1); break;
-        case 7: pv_heads(ag, pg, v, dt, n, dv, 7, 1); break;
-        default: pv_heads(ag, pg, v, dt, n, dv, 8, 1); break;
+        case 1: pv_heads(ag, pg, v, dt, n, dv, ah, 1, 4); break;
+        case 2: pv_heads(ag, pg, v, dt, n, dv, ah, 2, 4); break;
+        case 3: pv_heads(ag, pg, v, dt, n, dv, ah, 3, 2); break;
+        case 4: pv_heads(ag, pg, v, dt, n, dv, ah, 4, 2); break;
+        case 5: pv_heads(ag, pg, v, dt, n, dv, ah, 5, 1); break;
+        case 6: pv_heads(ag, pg, v, dt, n, dv, ah, 6, 1); break;
+        case 7: pv_heads(ag, pg, v, dt, n, dv, ah, 7, 1); break;
+        default: pv_heads(ag, pg, v, dt, n, dv, ah, 8, 1); break;
         }
     }
 }
 
 static void pv_avx2(float *acc, const float *p, const void *v, mha_dtype dt, int64_t n,
-                    int64_t G, int64_t dv) {
+                    int64_t G, int64_t dv,
+                    const mha_decode_ahead *ahead) {
     switch (dt) {
-    case MHA_F16: pv_avx2_dt(acc, p, v, MHA_F16, n, G, dv); break;
-    case MHA_BF16: pv_avx2_dt(acc, p, v, MHA_BF16, n, G, dv); break;
-    default: pv_avx2_dt(acc, p, v, MHA_F32, n, G, dv); break;
+    case MHA_F16: pv_avx2_dt(acc, p, v, MHA_F16, n, G, dv, ahead); break;
+    case MHA_BF16: pv_avx2_dt(acc, p, v, MHA_BF16, n, G, dv, ahead); break;
+    default: pv_avx2_dt(acc, p, v, MHA_F32, n, G, dv, ahead); break;
     }
 }
 

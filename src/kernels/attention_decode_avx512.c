@@ -126,13 +126,16 @@ static inline __attribute__((always_inline)) void qk_tile(float *s, const float 
  * of two). */
 static inline __attribute__((always_inline)) void qk_heads(float *s, const float *q, const void *k,
                                                            mha_dtype dt, int64_t n, int64_t d,
+                                                           const mha_decode_ahead *ahead,
                                                            const int GN, const int KB) {
     const size_t es = dt == MHA_F32 ? 4 : 2;
     int64_t j = 0;
     for (; j + KB <= n; j += KB) {
         mha_decode_touch_lines((const char *)k + (size_t)(j * d) * es, (size_t)(KB * d) * es);
+        mha_decode_ask_ahead(ahead, j, KB);
         qk_tile(s, q, k, dt, n, d, j, GN, KB);
     }
+    mha_decode_ask_ahead(ahead, j, n - j);
     if (KB > 8 && j + 8 <= n)
         qk_tile(s, q, k, dt, n, d, j, GN, 8), j += 8;
     if (KB > 4 && j + 4 <= n)
@@ -147,29 +150,31 @@ static inline __attribute__((always_inline)) void qk_heads(float *s, const float
  * power of two). */
 static inline __attribute__((always_inline)) void qk_avx512_dt(float *s, const float *q,
                                                                const void *k, mha_dtype dt,
-                                                               int64_t n, int64_t G, int64_t d) {
+                                                               int64_t n, int64_t G, int64_t d,
+        const mha_decode_ahead *ahead) {
     for (int64_t g0 = 0; g0 < G; g0 += 8) {
         float *sg = s + g0 * n;
         const float *qg = q + g0 * d;
+        const mha_decode_ahead *ah = g0 == 0 ? ahead : &(const mha_decode_ahead){0}; /* once */
         switch (G - g0 < 8 ? G - g0 : 8) {
-        case 1: qk_heads(sg, qg, k, dt, n, d, 1, 16); break;
-        case 2: qk_heads(sg, qg, k, dt, n, d, 2, 8); break;
-        case 3: qk_heads(sg, qg, k, dt, n, d, 3, 4); break;
-        case 4: qk_heads(sg, qg, k, dt, n, d, 4, 4); break;
-        case 5: qk_heads(sg, qg, k, dt, n, d, 5, 2); break;
-        case 6: qk_heads(sg, qg, k, dt, n, d, 6, 2); break;
-        case 7: qk_heads(sg, qg, k, dt, n, d, 7, 2); break;
-        default: qk_heads(sg, qg, k, dt, n, d, 8, 2); break;
+        case 1: qk_heads(sg, qg, k, dt, n, d, ah, 1, 16); break;
+        case 2: qk_heads(sg, qg, k, dt, n, d, ah, 2, 8); break;
+        case 3: qk_heads(sg, qg, k, dt, n, d, ah, 3, 4); break;
+        case 4: qk_heads(sg, qg, k, dt, n, d, ah, 4, 4); break;
+        case 5: qk_heads(sg, qg, k, dt, n, d, ah, 5, 2); break;
+        case 6: qk_heads(sg, qg, k, dt, n, d, ah, 6, 2); break;
+        case 7: qk_heads(sg, qg, k, dt, n, d, ah, 7, 2); break;
+        default: qk_heads(sg, qg, k, dt, n, d, ah, 8, 2); break;
         }
     }
 }
 
 static void qk_avx512(float *s, const float *q, const void *k, mha_dtype dt, int64_t n,
-                      int64_t G, int64_t d) {
+                      int64_t G, int64_t d, const mha_decode_ahead *ahead) {
     switch (dt) {
-    case MHA_F16: qk_avx512_dt(s, q, k, MHA_F16, n, G, d); break;
-    case MHA_BF16: qk_avx512_dt(s, q, k, MHA_BF16, n, G, d); break;
-    default: qk_avx512_dt(s, q, k, MHA_F32, n, G, d); break;
+    case MHA_F16: qk_avx512_dt(s, q, k, MHA_F16, n, G, d, ahead); break;
+    case MHA_BF16: qk_avx512_dt(s, q, k, MHA_BF16, n, G, d, ahead); break;
+    default: qk_avx512_dt(s, q, k, MHA_F32, n, G, d, ahead); break;
     }
 }
 
@@ -216,13 +221,15 @@ pv_tile(float *acc, const float *p, const void *v, mha_dtype dt, int64_t n, int6
 enum { PV_KEYS = 16 };
 static inline __attribute__((always_inline)) void pv_heads(float *acc, const float *p,
                                                            const void *v, mha_dtype dt, int64_t n,
-                                                           int64_t dv, const int GN, const int CB) {
+                                                           int64_t dv, const mha_decode_ahead *ahead,
+                                                           const int GN, const int CB) {
     const size_t es = dt == MHA_F32 ? 4 : 2;
     for (int64_t j0 = 0; j0 < n; j0 += PV_KEYS) {
         const int64_t nb = n - j0 < PV_KEYS ? n - j0 : PV_KEYS;
         const void *vb = (const char *)v + (size_t)(j0 * dv) * es;
         const float *pb = p + j0;
         mha_decode_touch_lines(vb, (size_t)(nb * dv) * es);
+        mha_decode_ask_ahead(ahead, j0, nb);
         int64_t x = 0;
         for (; x + 16 * CB <= dv; x += 16 * CB)
             pv_tile(acc, pb, vb, dt, n, nb, dv, x, 0xffff, 1, GN, CB);
@@ -241,29 +248,32 @@ static inline __attribute__((always_inline)) void pv_heads(float *acc, const flo
  * 8-16 chains run (dv = 128: one tile covers the row for G <= 2). */
 static inline __attribute__((always_inline)) void pv_avx512_dt(float *acc, const float *p,
                                                                const void *v, mha_dtype dt,
-                                                               int64_t n, int64_t G, int64_t dv) {
+                                                               int64_t n, int64_t G, int64_t dv,
+        const mha_decode_ahead *ahead) {
     for (int64_t g0 = 0; g0 < G; g0 += 8) {
         float *ag = acc + g0 * dv;
         const float *pg = p + g0 * n;
+        const mha_decode_ahead *ah = g0 == 0 ? ahead : &(const mha_decode_ahead){0}; /* once */
         switch (G - g0 < 8 ? G - g0 : 8) {
-        case 1: pv_heads(ag, pg, v, dt, n, dv, 1, 8); break;
-        case 2: pv_heads(ag, pg, v, dt, n, dv, 2, 8); break;
-        case 3: pv_heads(ag, pg, v, dt, n, dv, 3, 4); break;
-        case 4: pv_heads(ag, pg, v, dt, n, dv, 4, 4); break;
-        case 5: pv_heads(ag, pg, v, dt, n, dv, 5, 2); break;
-        case 6: pv_heads(ag, pg, v, dt, n, dv, 6, 2); break;
-        case 7: pv_heads(ag, pg, v, dt, n, dv, 7, 2); break;
-        default: pv_heads(ag, pg, v, dt, n, dv, 8, 2); break;
+        case 1: pv_heads(ag, pg, v, dt, n, dv, ah, 1, 8); break;
+        case 2: pv_heads(ag, pg, v, dt, n, dv, ah, 2, 8); break;
+        case 3: pv_heads(ag, pg, v, dt, n, dv, ah, 3, 4); break;
+        case 4: pv_heads(ag, pg, v, dt, n, dv, ah, 4, 4); break;
+        case 5: pv_heads(ag, pg, v, dt, n, dv, ah, 5, 2); break;
+        case 6: pv_heads(ag, pg, v, dt, n, dv, ah, 6, 2); break;
+        case 7: pv_heads(ag, pg, v, dt, n, dv, ah, 7, 2); break;
+        default: pv_heads(ag, pg, v, dt, n, dv, ah, 8, 2); break;
         }
     }
 }
 
 static void pv_avx512(float *acc, const float *p, const void *v, mha_dtype dt, int64_t n,
-                      int64_t G, int64_t dv) {
+                      int64_t G, int64_t dv,
+                    const mha_decode_ahead *ahead) {
     switch (dt) {
-    case MHA_F16: pv_avx512_dt(acc, p, v, MHA_F16, n, G, dv); break;
-    case MHA_BF16: pv_avx512_dt(acc, p, v, MHA_BF16, n, G, dv); break;
-    default: pv_avx512_dt(acc, p, v, MHA_F32, n, G, dv); break;
+    case MHA_F16: pv_avx512_dt(acc, p, v, MHA_F16, n, G, dv, ahead); break;
+    case MHA_BF16: pv_avx512_dt(acc, p, v, MHA_BF16, n, G, dv, ahead); break;
+    default: pv_avx512_dt(acc, p, v, MHA_F32, n, G, dv, ahead); break;
     }
 }
 

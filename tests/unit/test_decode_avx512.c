@@ -66,7 +66,9 @@ TEST(decode_avx512_qk_matches_f64_dot) {
                     void *kh = to_dtype(k, n * d, DTYPES[t]);
                     REQUIRE(kh);
                     s[G * n] = 42.0f; /* guard: nothing written past s */
-                    isa->qk(s, q, kh, DTYPES[t], n, G, d);
+                    /* asking for rows ahead (here the keys' own) changes no value */
+                    const mha_decode_ahead ahead = {kh, n, (size_t)d * mha_dtype_size(DTYPES[t])};
+                    isa->qk(s, q, kh, DTYPES[t], n, G, d, &ahead);
                     CHECK(s[G * n] == 42.0f);
                     for (int64_t g = 0; g < G; g++)
                         for (int64_t j = 0; j < n; j++) {
@@ -112,7 +114,9 @@ TEST(decode_avx512_pv_matches_avx2_bitwise) {
                     a[G * dv] = 42.0f;
                     void *vh = to_dtype(v, n * dv, DTYPES[t]);
                     REQUIRE(vh);
-                    isa->pv(a, p, vh, DTYPES[t], n, G, dv);
+                    /* rows ahead, fewer than the keys (the clamp) */
+                    const mha_decode_ahead ahead = {vh, n / 2, (size_t)dv * mha_dtype_size(DTYPES[t])};
+                    isa->pv(a, p, vh, DTYPES[t], n, G, dv, &ahead);
                     CHECK(a[G * dv] == 42.0f);
                     for (int64_t g = 0; g < G; g++)
                         for (int64_t x = 0; x < dv; x++) {
@@ -125,7 +129,7 @@ TEST(decode_avx512_pv_matches_avx2_bitwise) {
                             worst = e > worst || isnan(e) ? (isnan(e) ? INFINITY : e) : worst;
                         }
                     if (avx2 && dv % 8 == 0) { /* avx2's scalar column tail: mul + add */
-                        mha_decode_isa_avx2.pv(b, p, vh, DTYPES[t], n, G, dv);
+                        mha_decode_isa_avx2.pv(b, p, vh, DTYPES[t], n, G, dv, &ahead);
                         same = same && !memcmp(a, b, sizeof(float) * (size_t)(G * dv));
                     }
                     free(vh), free(p);

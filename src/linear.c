@@ -52,7 +52,7 @@ static mha_gemm_path blas_fallback(void) {
 mha_gemm_path mha_linear_f32_path(mha_gemm_path requested, float *y, int64_t ldy, const float *x,
                                   int64_t ldx, const float *w, int64_t ldw, const float *bias,
                                   int64_t M, int64_t N, int64_t K, int accumulate) {
-    mha_gemm_path path = mha_gemm_resolve(requested);
+    mha_gemm_path path = mha_gemm_resolve_for(requested, M, N, K);
     if (M == 0 || N == 0)
         return path;
     if (!accumulate) {
@@ -96,7 +96,7 @@ mha_gemm_path mha_linear_f32_path(mha_gemm_path requested, float *y, int64_t ldy
 mha_gemm_path mha_gemm_f32_ab_path(mha_gemm_path requested, int trans_a, float *c, int64_t ldc,
                                    const float *a, int64_t lda, const float *b, int64_t ldb,
                                    int64_t M, int64_t N, int64_t K) {
-    mha_gemm_path path = mha_gemm_resolve(requested);
+    mha_gemm_path path = mha_gemm_resolve_for(requested, M, N, K);
     if (M <= 0 || N <= 0 || K <= 0)
         return path;
     if (path == MHA_GEMM_AVX2) {

@@ -159,6 +159,36 @@ TEST(gemm_paths_resolve) {
     CHECK(fallback == best);
 }
 
+/* Products up to MHA_GEMM_OWN_MAX_MNK multiply-adds run on mha's own GEMM
+ * where the automatic choice is OpenBLAS on an AVX-512 machine (one thread
+ * team); a larger one, and any forced path, keep the resolved one. */
+TEST(gemm_small_products_stay_on_the_own_gemm) {
+    const char *old = getenv("MHA_GEMM");
+    char saved[32] = "";
+    if (old)
+        snprintf(saved, sizeof saved, "%s", old);
+    unsetenv("MHA_GEMM");
+    const mha_gemm_path best = mha_gemm_resolve(MHA_GEMM_AUTO);
+    const bool swaps = best == MHA_GEMM_BLAS && mha_cpu_has_avx512();
+    CHECK(mha_gemm_resolve_for(MHA_GEMM_AUTO, 512, 1536, 512) ==
+          (swaps ? MHA_GEMM_AVX2 : best));
+    CHECK(mha_gemm_resolve_for(MHA_GEMM_AUTO, 1024, 1024, 1024) ==
+          (swaps ? MHA_GEMM_AVX2 : best)); /* 2^30 exactly */
+    CHECK(mha_gemm_resolve_for(MHA_GEMM_AUTO, 1025, 1024, 1024) == best);
+    CHECK(mha_gemm_resolve_for(MHA_GEMM_PORTABLE, 4, 4, 4) == MHA_GEMM_PORTABLE);
+#ifdef MHA_HAVE_CBLAS
+    CHECK(mha_gemm_resolve_for(MHA_GEMM_BLAS, 4, 4, 4) == MHA_GEMM_BLAS);
+    setenv("MHA_GEMM", "blas", 1); /* the variable forces it too */
+    CHECK(mha_gemm_resolve_for(MHA_GEMM_AUTO, 4, 4, 4) == MHA_GEMM_BLAS);
+#endif
+    if (old)
+        setenv("MHA_GEMM", saved, 1);
+    else
+        unsetenv("MHA_GEMM");
+    if (!swaps)
+        SKIP_PART("the swap to the own GEMM: the automatic path here is not OpenBLAS on AVX-512");
+}
+
 TEST(gemm_small_odd_shapes) {
     static const int64_t dims[] = {1, 2, 3, 5, 6, 7, 11, 13, 16, 17, 23, 31, 32, 37, 47, 64, 70};
     const int nd = (int)(sizeof dims / sizeof dims[0]);

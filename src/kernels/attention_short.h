@@ -19,7 +19,12 @@
  * with K^T in panels of 32 keys (a contiguous stream per panel, where rows
  * S apart strided through L2) 1.05-1.17x the flash driver also at d = 128
  * and 256 and up to S d = 524288 (L 8192 d 64, L 4096 d 128, L 2048 d 256),
- * about level at S d = 2^20.
+ * about level at S d = 2^20.  On an Intel Xeon (2 MiB L2, a far slower L3)
+ * it wins only while K^T and V fit in half the L2 (S d <= 131072: 1.0-1.2x
+ * the flash tiles; 0.48-0.76x at 262144-524288), hence the bound by the
+ * machine's caches (mha_attn_short_avx512_max_sd).  K^T and V are both
+ * packed per head: V read in place strided 3E floats a key in the whole
+ * MHA's (L, 3E) buffer, which halved its P V.
  * The avx2 loop (attention_short_avx2.c, 6-row blocks, K^T in panels of
  * 16 keys) serves mha_sdpa_forward's avx2 kernel the same way; measured on
  * Zen 3 (512 KiB L2 per core; docs/performance.md, "Whole rows on AVX2"):

@@ -629,7 +629,6 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
             const float *restrict part = c.dq_part + r * c.dp;
             float *restrict dqr = dq + q0;
             const size_t split_stride = (size_t)rows * (size_t)c.dp;
-#pragma omp simd
             for (int64_t x = 0; x < p->d; x++) { /* each element summed in split order */
                 float acc = 0.0f;
                 for (int64_t s = 0; s < c.nsplit; s++)

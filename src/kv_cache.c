@@ -414,7 +414,7 @@ static mha_status decode_splits(mha_tensor *out, float *q, const mha_kv_cache *c
     const mha_decode_isa *isa;
     MHA_TRY(mha_decode_isa_for(kr, &isa));
     const double bytes = (double)(B * c->Hkv * len) * (double)(d + dv) * (double)c->es;
-    decode_args a = {c,          isa,       q,   Hq, G, len, nsplit, B * c->Hkv * nsplit,
+    decode_args a = {c, isa, q, Hq, G, len, nsplit, B * c->Hkv * nsplit,
                      bytes > MHA_DECODE_AHEAD_MIN_BYTES, p->softcap, &p->alibi, work};
     float *scratch = work + a.tasks * G * (dv + 2);
 #pragma omp parallel for num_threads(nthreads) schedule(static)

@@ -39,7 +39,8 @@ static inline __attribute__((always_inline)) void mha_decode_touch_lines(const v
  * rows of the thread's next split, so the memory is kept busy through the
  * softmax and the turn from K to V, where each stream had waited on its
  * first misses.  Measured on the Intel Xeon (H 32, Hkv 8, d 128, S 32768,
- * 2 threads, docs/performance.md "Decode on Intel"), medians of 5
+ * 2 threads, docs/performance.md, "Intel Xeon with AMX, third
+ * visit"), medians of 5
  * alternated runs: float32 15.1 -> 13.4 ms (0.75 -> 0.82 of the measured
  * read bandwidth), bf16 9.5 -> 7.5, fp16 9.5 -> 7.7; S 16384: 0.83-0.91x
  * the time.  Where the step's K and V are in the last-level cache the

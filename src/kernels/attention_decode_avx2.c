@@ -94,7 +94,7 @@ static inline __attribute__((always_inline)) void qk_heads(float *s, const float
 static inline __attribute__((always_inline)) void qk_avx2_dt(float *s, const float *q,
                                                              const void *k, mha_dtype dt,
                                                              int64_t n, int64_t G, int64_t d,
-        const mha_decode_ahead *ahead) {
+                                                             const mha_decode_ahead *ahead) {
     for (int64_t g0 = 0; g0 < G; g0 += 4) {
         float *sg = s + g0 * n;
         const float *qg = q + g0 * d;
@@ -156,7 +156,8 @@ static inline __attribute__((always_inline)) void pv_tile(float *acc, const floa
 enum { PV_KEYS = 16 };
 static inline __attribute__((always_inline)) void pv_heads(float *acc, const float *p,
                                                            const void *v, mha_dtype dt, int64_t n,
-                                                           int64_t dv, const mha_decode_ahead *ahead,
+                                                           int64_t dv,
+                                                           const mha_decode_ahead *ahead,
                                                            const int GN, const int CB) {
     const size_t es = dt == MHA_F32 ? 4 : 2;
     for (int64_t j0 = 0; j0 < n; j0 += PV_KEYS) {
@@ -181,7 +182,7 @@ static inline __attribute__((always_inline)) void pv_heads(float *acc, const flo
 static inline __attribute__((always_inline)) void pv_avx2_dt(float *acc, const float *p,
                                                              const void *v, mha_dtype dt,
                                                              int64_t n, int64_t G, int64_t dv,
-        const mha_decode_ahead *ahead) {
+                                                             const mha_decode_ahead *ahead) {
     for (int64_t g0 = 0; g0 < G; g0 += 8) {
         float *ag = acc + g0 * dv;
         const float *pg = p + g0 * n;
@@ -200,8 +201,7 @@ static inline __attribute__((always_inline)) void pv_avx2_dt(float *acc, const f
 }
 
 static void pv_avx2(float *acc, const float *p, const void *v, mha_dtype dt, int64_t n,
-                    int64_t G, int64_t dv,
-                    const mha_decode_ahead *ahead) {
+                    int64_t G, int64_t dv, const mha_decode_ahead *ahead) {
     switch (dt) {
     case MHA_F16: pv_avx2_dt(acc, p, v, MHA_F16, n, G, dv, ahead); break;
     case MHA_BF16: pv_avx2_dt(acc, p, v, MHA_BF16, n, G, dv, ahead); break;

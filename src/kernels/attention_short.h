@@ -67,7 +67,7 @@
  * (Intel Xeon, whose L3 is far slower) as long as K^T and V (8 S d bytes)
  * fit in half of a core's L2: 131072 with 2 MiB, where the loop is
  * 1.0-1.2x the flash tiles and 0.5-0.9x beyond (docs/performance.md,
- * "Whole rows on Intel"). */
+ * "Intel Xeon with AMX, third visit"). */
 int64_t mha_attn_short_avx512_max_sd(void);
 
 /* Workspace floats for S keys and head width d. */

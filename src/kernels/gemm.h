@@ -37,14 +37,14 @@ mha_gemm_path mha_gemm_resolve(mha_gemm_path requested);
 /* The path of one product of M*N*K multiply-adds: mha_gemm_resolve's,
  * except that an automatic choice of OpenBLAS gives way to mha's own GEMM
  * for products up to MHA_GEMM_OWN_MAX_MNK on AVX-512 machines.  Measured on
- * the Intel Xeon (2 threads, whole MHA forward E 512, docs/performance.md
- * "MHA projections"): a small product is over before OpenBLAS's threads and
- * the library's OpenMP team stop spinning for each other's cores, and the
- * own GEMM, on the OpenMP team alone, took L 256: 0.45x, L 512: 0.72x,
- * L 768: 0.85x, L 1024: 1.0x the time of the OpenBLAS route (the qkv
- * product 1024 x 1536 x 512 = 2^29.6); past it OpenBLAS's faster kernel
- * wins (B 32 L 128 E 384, 2^31.2: 0.94x).  MHA_GEMM=blas still forces
- * OpenBLAS. */
+ * the Intel Xeon (2 threads, whole MHA forward E 512, docs/performance.md,
+ * "Intel Xeon with AMX, third visit"): a small product is over before
+ * OpenBLAS's threads and the library's OpenMP team stop spinning for each
+ * other's cores, and the own GEMM, on the OpenMP team alone, took L 256:
+ * 0.46x, L 512: 0.71x, L 768: 0.84x, L 1024: 1.0x the time of the OpenBLAS
+ * route (the qkv product 1024 x 1536 x 512 = 2^29.6); with every product
+ * on it, B 32 L 128 E 384 (qkv 2^30.8) took 1.06x, where OpenBLAS's faster
+ * kernel wins.  MHA_GEMM=blas still forces OpenBLAS. */
 #define MHA_GEMM_OWN_MAX_MNK ((double)(1 << 30))
 mha_gemm_path mha_gemm_resolve_for(mha_gemm_path requested, int64_t M, int64_t N, int64_t K);
 

@@ -319,20 +319,14 @@ static void decode_split(const decode_args *a, int64_t t, float *s) {
         const float slope =
             a->alibi->data ? ((const float *)a->alibi->data)[(hk * G + g) * a->alibi->stride[0]]
                            : 0.0f;
-        float m = -INFINITY;
-        bool nan = false;
-        for (int64_t j = 0; j < n; j++) {
-            float sc = mha_attn_softcap(sg[j], a->softcap);
-            if (slope != 0.0f) /* ALiBi on positions: |pos_q - pos_j| */
-                sc -= slope * (float)(c->pos - 1 - slot_position(c, j0 + j, a->len));
-            sg[j] = sc;
-            if (isnan(sc))
-                nan = true;
-            else if (sc > m)
-                m = sc;
-        }
-        if (nan)
-            m = NAN;
+        if (a->softcap > 0.0f || slope != 0.0f)
+            for (int64_t j = 0; j < n; j++) {
+                float sc = mha_attn_softcap(sg[j], a->softcap);
+                if (slope != 0.0f) /* ALiBi on positions: |pos_q - pos_j| */
+                    sc -= slope * (float)(c->pos - 1 - slot_position(c, j0 + j, a->len));
+                sg[j] = sc;
+            }
+        const float m = a->isa->row_max(sg, n);
         part[g * (dv + 2) + dv] = m, part[g * (dv + 2) + dv + 1] = a->isa->exp_sum(sg, n, m);
     }
     /* P rounded to the storage dtype for P.V (l above summed it unrounded) */
@@ -398,13 +392,54 @@ mha_status mha_decode_isa_for(mha_kernel kr, const mha_decode_isa **isa) {
     return MHA_OK;
 }
 
+/* Head (b, h) of out (B,Hq,1,dv) and its LSE from its nsplit partials of
+ * a->part, merged in split order in double with the sink as one more term;
+ * w (nsplit + dv) doubles of scratch: the weights e^{m_c - M}, then the
+ * row's sums (each element's sum over the splits in order, whatever the
+ * thread count). */
+static void merge_head(mha_tensor *out, const decode_args *a, const mha_attn_problem *p,
+                       int64_t b, int64_t h, double *w) {
+    const int64_t G = a->G, dv = a->c->dv, nsplit = a->nsplit, hk = h / G, g = h % G;
+    const float *pb = a->part + ((b * a->c->Hkv + hk) * nsplit * G + g) * (dv + 2);
+    const int64_t ps = G * (dv + 2); /* stride between splits */
+    const float sink = p->sinks.data ? ((const float *)p->sinks.data)[h * p->sinks.stride[0]]
+                                     : -INFINITY;
+    double m = sink;
+    bool nan = false;
+    for (int64_t sp = 0; sp < nsplit; sp++) {
+        double x = pb[sp * ps + dv];
+        if (isnan(x))
+            nan = true;
+        else if (x > m)
+            m = x;
+    }
+    if (nan)
+        m = NAN;
+    double l = p->sinks.data ? exp((double)sink - m) : 0.0;
+    double *acc = w + nsplit;
+    for (int64_t x = 0; x < dv; x++)
+        acc[x] = 0.0;
+    for (int64_t sp = 0; sp < nsplit; sp++) {
+        const float *r = pb + sp * ps;
+        w[sp] = exp(r[dv] - m);
+        l += r[dv + 1] * w[sp];
+        for (int64_t x = 0; x < dv; x++)
+            acc[x] += r[x] * w[sp];
+    }
+    float *orow = (float *)out->data + b * out->stride[0] + h * out->stride[1];
+    for (int64_t x = 0; x < dv; x++)
+        orow[x * out->stride[3]] = (float)(acc[x] / l);
+    if (p->lse.data)
+        ((float *)p->lse.data)[b * p->lse.stride[0] + h * p->lse.stride[1]] = (float)(m + log(l));
+}
+
 /* The split path: q (B,Hq,d) contiguous float32 (rotated; scaled here in
  * place), out (B,Hq,1,dv) float32; work (B,Hkv,nsplit,G,dv+2) partials then
- * nthreads scratch slices of G*(SPLIT_KEYS+dv); wsplit (nsplit) the merge's
- * weights e^{m_c - M} of one head. */
+ * nthreads scratch slices of G*(SPLIT_KEYS+dv); wmerge nthreads slices of
+ * nsplit + dv doubles for merge_head. */
 static mha_status decode_splits(mha_tensor *out, float *q, const mha_kv_cache *c,
                                 const mha_attn_problem *p, mha_kernel kr, int64_t len,
-                                int64_t nsplit, float *work, double *wsplit, int nthreads) {
+                                int64_t nsplit, float *work, double *wmerge, int nthreads) {
     const int64_t B = c->B, Hq = p->Hq, G = Hq / c->Hkv, d = c->d, dv = c->dv;
     /* q pre-scaled: q*scale, or (q*sqrt(scale))*sqrt(scale) for the ONNX
      * convention (k is not rescaled: the last bits may differ from the
@@ -422,42 +457,12 @@ static mha_status decode_splits(mha_tensor *out, float *q, const mha_kv_cache *c
         const int tid = mha_thread_index();
         decode_split(&a, t, scratch + (size_t)tid * (size_t)(G * (SPLIT_KEYS + dv)));
     }
-    /* merge the splits in order (double), with the sink as one more term */
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < Hq; h++) {
-            const int64_t hk = h / G, g = h % G;
-            const float *pb = a.part + ((b * c->Hkv + hk) * nsplit * G + g) * (dv + 2);
-            const int64_t ps = G * (dv + 2); /* stride between splits */
-            double m = p->sinks.data ? ((const float *)p->sinks.data)[h * p->sinks.stride[0]]
-                                     : -INFINITY;
-            bool nan = false;
-            for (int64_t sp = 0; sp < nsplit; sp++) {
-                double x = pb[sp * ps + dv];
-                if (isnan(x))
-                    nan = true;
-                else if (x > m)
-                    m = x;
-            }
-            if (nan)
-                m = NAN;
-            double l = p->sinks.data
-                           ? exp((double)((const float *)p->sinks.data)[h * p->sinks.stride[0]] - m)
-                           : 0.0;
-            for (int64_t sp = 0; sp < nsplit; sp++) {
-                wsplit[sp] = exp(pb[sp * ps + dv] - m);
-                l += pb[sp * ps + dv + 1] * wsplit[sp];
-            }
-            float *orow = (float *)out->data + b * out->stride[0] + h * out->stride[1];
-            for (int64_t x = 0; x < dv; x++) {
-                double acc = 0.0;
-                for (int64_t sp = 0; sp < nsplit; sp++)
-                    acc += pb[sp * ps + x] * wsplit[sp];
-                orow[x * out->stride[3]] = (float)(acc / l);
-            }
-            if (p->lse.data)
-                ((float *)p->lse.data)[b * p->lse.stride[0] + h * p->lse.stride[1]] =
-                    (float)(m + log(l));
-        }
+    /* merge each head's splits (heads in parallel; each thread its slice
+     * of wmerge) */
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t bh = 0; bh < B * Hq; bh++)
+        merge_head(out, &a, p, bh / Hq, bh % Hq,
+                   wmerge + (size_t)mha_thread_index() * (size_t)(nsplit + dv));
     return MHA_OK;
 }
 
@@ -516,8 +521,9 @@ mha_status mha_attention_decode(mha_tensor *out, const mha_tensor *q, const mha_
     const size_t on = out->dtype == MHA_F32 ? 0 : (size_t)(B * Hq * dv);
     const size_t sn = (size_t)(G * (SPLIT_KEYS + dv)) * (size_t)nthreads;
     const size_t wo = (qn + on + pn + sn + 1) & ~(size_t)1; /* the doubles, 8-byte aligned */
-    float *buf = mha_malloc(sizeof(float) * (wo + 2 * (size_t)nsplit));
-    MHA_CHECK(buf, MHA_ERR_NOMEM, "decode: cannot allocate %zu floats", wo + 2 * (size_t)nsplit);
+    const size_t wn = 2 * (size_t)(nsplit + dv) * (size_t)nthreads; /* merge_head's doubles */
+    float *buf = mha_malloc(sizeof(float) * (wo + wn));
+    MHA_CHECK(buf, MHA_ERR_NOMEM, "decode: cannot allocate %zu floats", wo + wn);
     mha_tensor qc, oc = *out;
     mha_tensor_init(&qc, MHA_F32, buf, 4, (int64_t[]){B, Hq, 1, d});
     if (on)

@@ -62,6 +62,17 @@ static void pv_scalar(float *acc, const float *p, const void *v, mha_dtype dt, i
     }
 }
 
+static float row_max_scalar(const float *s, int64_t n) {
+    float m = -INFINITY;
+    for (int64_t j = 0; j < n; j++) {
+        if (isnan(s[j]))
+            return NAN;
+        if (s[j] > m)
+            m = s[j];
+    }
+    return m;
+}
+
 static float exp_sum_scalar(float *s, int64_t n, float m) {
     float l = 0.0f;
     for (int64_t j = 0; j < n; j++) {
@@ -76,5 +87,5 @@ static void round_p_scalar(float *p, int64_t n, mha_dtype dt) {
         p[j] = mha_round_to(dt, p[j]);
 }
 
-const mha_decode_isa mha_decode_isa_scalar = {qk_scalar, pv_scalar, exp_sum_scalar,
-                                               round_p_scalar};
+const mha_decode_isa mha_decode_isa_scalar = {qk_scalar, pv_scalar, row_max_scalar,
+                                               exp_sum_scalar, round_p_scalar};

@@ -78,6 +78,8 @@ typedef struct mha_decode_isa {
      * of ahead asked for alongside */
     void (*pv)(float *acc, const float *p, const void *v, mha_dtype dt, int64_t n, int64_t G,
                int64_t dv, const mha_decode_ahead *ahead);
+    /* the largest of s (n): NaN if any is NaN, -inf if n = 0 */
+    float (*row_max)(const float *s, int64_t n);
     /* s (n) = exp(s - m) in place; returns their sum */
     float (*exp_sum)(float *s, int64_t n, float m);
     /* p (n) rounded in place to dt and back (mha_round_to), dt a half type */

@@ -209,6 +209,30 @@ static void pv_avx2(float *acc, const float *p, const void *v, mha_dtype dt, int
     }
 }
 
+/* The max 8 lanes at a time: vmaxps returns its second operand when the
+ * first is NaN, so the running max skips NaNs and an unordered compare
+ * notes them; the tail padded with -inf. */
+static float row_max_avx2(const float *s, int64_t n) {
+    __m256 m = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 x = _mm256_loadu_ps(s + j);
+        m = _mm256_max_ps(x, m);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    }
+    float t[8];
+    _mm256_storeu_ps(t, m);
+    float r = -INFINITY;
+    for (int i = 0; i < 8; i++)
+        r = t[i] > r ? t[i] : r;
+    for (; j < n; j++) {
+        if (isnan(s[j]))
+            return NAN;
+        r = s[j] > r ? s[j] : r;
+    }
+    return _mm256_movemask_ps(nan) ? NAN : r;
+}
+
 /* s = exp(s - m) 8 at a time by exp256 (1-2 ulp; the tail padded with
  * -inf, whose exp is 0); the sum in 8 lanes, then across them. */
 static float exp_sum_avx2(float *s, int64_t n, float m) {
@@ -264,7 +288,8 @@ static void round_p_avx2(float *p, int64_t n, mha_dtype dt) {
         p[j] = mha_round_to(dt, p[j]);
 }
 
-const mha_decode_isa mha_decode_isa_avx2 = {qk_avx2, pv_avx2, exp_sum_avx2, round_p_avx2};
+const mha_decode_isa mha_decode_isa_avx2 = {qk_avx2, pv_avx2, row_max_avx2, exp_sum_avx2,
+                                             round_p_avx2};
 #else
-const mha_decode_isa mha_decode_isa_avx2 = {0, 0, 0, 0};
+const mha_decode_isa mha_decode_isa_avx2 = {0, 0, 0, 0, 0};
 #endif

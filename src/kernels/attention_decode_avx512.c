@@ -277,6 +277,21 @@ static void pv_avx512(float *acc, const float *p, const void *v, mha_dtype dt, i
     }
 }
 
+/* The max 16 lanes at a time, the tail under a mask: vmaxps returns its
+ * second operand when the first is NaN, so the running max skips NaNs and
+ * an unordered compare notes them. */
+static float row_max_avx512(const float *s, int64_t n) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    __mmask16 nan = 0;
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = mask16(n - j);
+        const __m512 x = _mm512_maskz_loadu_ps(k, s + j);
+        m = _mm512_mask_max_ps(m, k, x, m);
+        nan |= _mm512_mask_cmp_ps_mask(k, x, x, _CMP_UNORD_Q);
+    }
+    return nan ? NAN : _mm512_reduce_max_ps(m);
+}
+
 /* s = exp(s - m) 16 at a time by exp512, the AVX2 loop's Cephes expf (1-2
  * ulp, exp256's values bit for bit): its full range is needed, since s may
  * hold -inf (whose exp is 0) and m may be NaN; exp_softmax512's clamp at
@@ -294,5 +309,5 @@ static float exp_sum_avx512(float *s, int64_t n, float m) {
     return _mm512_reduce_add_ps(l);
 }
 
-const mha_decode_isa MHA_AVX512_SYMBOL(mha_decode_isa_avx512) = {qk_avx512, pv_avx512,
-                                                                  exp_sum_avx512, round_half_row512};
+const mha_decode_isa MHA_AVX512_SYMBOL(mha_decode_isa_avx512) = {
+    qk_avx512, pv_avx512, row_max_avx512, exp_sum_avx512, round_half_row512};

@@ -2,10 +2,12 @@
  * last row of a full causal forward (100 steps; windows, RoPE, ALiBi, sinks,
  * softcap), the split-KV decode bit-identical across threads, the window ring
  * across splits, the decoder stack decoded token by token, and the cache's
- * allocation failures.  (Allocation failures of create/append/decode are also
+ * allocation failures, and the row max of the decode loops on every ISA.
+ * (Allocation failures of create/append/decode are also
  * in test_oom.c's sweep of every entry point.) */
 #include "test.h"
 #include "internal.h"
+#include "kernels/attention_decode.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -335,4 +337,36 @@ TEST(modern_decode_window_ring_across_splits) {
  * persistently) -> MHA_ERR_NOMEM with a message, nothing leaked. */
 TEST(modern_decode_allocation_failures_leak_nothing) {
     test_alloc_failures("kv cache + decode", oom_decode);
+}
+
+/* The decode loops' row max on every ISA that runs (the others noted as
+ * skipped): the plain max at every length 0..40 (so every tail), -inf for
+ * an empty or all -inf row, and NaN wherever a NaN sits, at any position. */
+TEST(decode_row_max_on_every_isa) {
+    const mha_kernel kernels[3] = {MHA_KERNEL_SCALAR, MHA_KERNEL_AVX2, MHA_KERNEL_AVX512};
+    float s[40];
+    for (int k = 0; k < 3; k++) {
+        const mha_decode_isa *isa;
+        if (mha_decode_isa_for(kernels[k], &isa) != MHA_OK) {
+            SKIP_PART("kernel %s: %s", mha_kernel_name(kernels[k]), mha_last_error());
+            continue;
+        }
+        for (int n = 0; n <= 40; n++) {
+            float want = -INFINITY;
+            for (int j = 0; j < n; j++) {
+                s[j] = (float)((j * 7919) % 41) - 20.5f - (float)k; /* max anywhere */
+                want = s[j] > want ? s[j] : want;
+            }
+            CHECK(isa->row_max(s, n) == want);
+            for (int j = 0; j < n; j++)
+                s[j] = -INFINITY;
+            CHECK(isa->row_max(s, n) == -INFINITY);
+            for (int j = 0; j < n; j++) { /* one NaN at j, the rest finite */
+                for (int i = 0; i < n; i++)
+                    s[i] = (float)i;
+                s[j] = NAN;
+                CHECK(isnan(isa->row_max(s, n)));
+            }
+        }
+    }
 }

@@ -45,7 +45,7 @@ enum {
     MHA_BWD_MR = 6,  /* rows per register block                    */
     MHA_BWD_NR = 16, /* columns per register block (2 YMM, 1 ZMM)  */
     MHA_BWD_BR = 48, /* query rows per tile (8 register blocks)     */
-    MHA_BWD_BC = 96  /* keys per block (6 panels, 16 register rows) */
+    MHA_BWD_BC = 192 /* keys per block (12 panels, 32 register rows) */
 };
 
 typedef struct mha_bwd_isa {

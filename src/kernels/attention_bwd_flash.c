@@ -21,7 +21,8 @@
  *    dK_blk += dS^T Q (A = the tile read transposed), dQ_part += dS K.
  *    dK/dV of the block are then added to the caller's (the task owns those
  *    rows); dQ goes to the split's own partial buffer.
- * 3. dq += sum over splits of the partial buffers, in split order.
+ * 3. dq += scale * the sum over splits of the partial buffers (dS K,
+ *    unscaled), in split order.
  * The number of splits depends only on the problem size (enough tasks for
  * small B*Hkv), never on the thread count; every task runs the same code
  * wherever it lands, so results are bit-identical for any thread count.
@@ -209,7 +210,7 @@ typedef struct bwd_ws {
     float *s;    /* (BR, BC)  S, then P (times the dropout factor)     */
     float *dp;   /* (BR, BC)  dP, then dS                              */
     float *bias; /* (BC)      one row's additive bias                  */
-    float *dq;   /* (BR, dp)  the tile's dS K                          */
+    float *dq;   /* (MR, dp)  dS K of a tile's last, partial row group  */
 } bwd_ws;
 
 typedef struct bwd_ctx {
@@ -217,7 +218,7 @@ typedef struct bwd_ctx {
     const mha_attn_grad *g;
     const mha_bwd_isa *isa;
     const float *lse, *delta; /* (B*Hq*L) row statistics                     */
-    float *dq_part;           /* (nsplit, B*Hq*L, dp) partial dQ, or NULL    */
+    float *dq_part;           /* (nsplit, B*Hq*L, dp) dQ / scale partials    */
     float *tiles;             /* (chunk*G, ntile, tile_floats) packed Q and dO
                                  of the heads bh0.. of the chunk of pairs   */
     int64_t bh0;
@@ -231,7 +232,7 @@ static size_t ws_layout(const bwd_ctx *c, float *base, bwd_ws *w) {
     const int64_t d = c->p->d, dv = c->p->dv, dp = c->dp, dvp = c->dvp;
     const size_t sizes[9] = {(size_t)(BC * d),   (size_t)(BC * dv),  (size_t)(dp * BC),
                              (size_t)(BC * dp),  (size_t)(BC * dvp), (size_t)(BR * BC),
-                             (size_t)(BR * BC),  BC,                 (size_t)(BR * dp)};
+                             (size_t)(BR * BC),  BC,                 (size_t)(MR * dp)};
     float **dst[9] = {&w->kt, &w->vt, &w->kp, &w->dk, &w->dv, &w->s, &w->dp, &w->bias, &w->dq};
     size_t off = 0;
     for (int i = 0; i < 9; i++) {
@@ -445,15 +446,23 @@ static void tile_backward(const bwd_ctx *c, bwd_ws *w, int64_t b, int64_t h, int
     }
     if (!dq_part)
         return;
-    for (int64_t g0 = 0; g0 < nrp; g0 += MR)
-        (kfinite ? isa->gemm : gemm_skip_zero)(w->dq + g0 * dp, dp, w->dp + g0 * BC, BC, 1,
-                                                w->kp, BC * NR, ncv, dp / NR, false);
-    for (int64_t r = 0; r < nr; r++) {
-        float *dst = dq_part + (row0 + i0 + r) * dp;
-        const float *src = w->dq + r * dp;
+    /* a whole group of MR rows accumulates into its rows of the partial
+     * (the product loads and stores them); a last group with rows past nr
+     * (zero dS rows, whose stores would reach the next head's rows, which
+     * another task may be updating) goes through w->dq, and its real rows
+     * are added */
+    const int64_t whole = nr / MR * MR;
+    for (int64_t g0 = 0; g0 < nrp; g0 += MR) {
+        float *dst = g0 < whole ? dq_part + (row0 + i0 + g0) * dp : w->dq;
+        (kfinite ? isa->gemm : gemm_skip_zero)(dst, dp, w->dp + g0 * BC, BC, 1, w->kp, BC * NR,
+                                                ncv, dp / NR, g0 < whole);
+    }
+    for (int64_t r = whole; r < nr; r++) {
+        float *restrict dst = dq_part + (row0 + i0 + r) * dp;
+        const float *restrict src = w->dq + (r - whole) * dp;
 #pragma omp simd
         for (int64_t x = 0; x < d; x++)
-            dst[x] += p->scale * src[x];
+            dst[x] += src[x];
     }
 }
 
@@ -633,7 +642,7 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
                 float acc = 0.0f;
                 for (int64_t s = 0; s < c.nsplit; s++)
                     acc += part[(size_t)s * split_stride + x];
-                dqr[x * cs] += acc;
+                dqr[x * cs] += p->scale * acc;
             }
         }
     }

@@ -371,7 +371,8 @@ TEST(grad_sdpa_fused_tiles_and_threads) {
 }
 
 /* The register-blocked backward on shapes around its tiles (48 query rows,
- * 96 keys, 6x16 register blocks): L and S one off a tile, d = 1, d and dv
+ * 192 keys, 6x16 register blocks): L and S one off a tile (S = 191, 193),
+ * a partial last group of 6 rows (L = 49, 95, 97, 61), d = 1, d and dv
  * past 16, GQA, every mask kind, dropout, every causal alignment, each
  * kernel against the reference and bit-identical for 1, 2, 3, 7 threads;
  * then NaN/Inf planted in masked keys, values, a fully masked query row and
@@ -384,6 +385,7 @@ TEST(grad_sdpa_blocked_odd_shapes) {
         {1, 2, 1, 144, 96, 16, 16, MHA_CAUSAL_OFFSET, -50, 0, 1, 0, 0, 0, 0},
         {2, 2, 2, 48, 289, 7, 5, MHA_CAUSAL_OFFSET, 140, 3, 2, 1, 0, 0, 1},
         {1, 6, 3, 61, 113, 65, 3, MHA_CAUSAL_NONE, 0, 2, 0, 1, 0, 1, 0},
+        {1, 2, 2, 95, 193, 32, 32, MHA_CAUSAL_NONE, 0, 0, 0, 0, 0, 0, 0},
     };
     const mha_kernel *kinds = FUSED;
     double worst = 0.0;

@@ -228,6 +228,7 @@ int cli_bench_decode(int argc, char **argv) {
     }
     if (threads > 0)
         mha_set_num_threads(threads);
+    cli_bench_settle();
     int shown = threads > 0 ? threads : mha_get_num_threads();
     for (int i = 0; i < nS; i++) {
         int rc = run_case(B, H, Hkv, S[i], d, reps, kernel, dtype, json, shown);

@@ -17,6 +17,9 @@ int cli_attention(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 /* `mha bench --decode` (cli/bench_decode.c): op "decode" with gbps. */
 int cli_bench_decode(int argc, char **argv);
+/* Waits, once per process, until the threads OpenBLAS starts at load have
+ * stopped spinning (cli/bench.c), so that timings are of the steady state. */
+void cli_bench_settle(void);
 int cli_viz(int argc, char **argv);
 /* `mha grad` (cli/grad.c); `mha grad --layer ...` goes to cli_grad_layer
  * (cli/grad_layer.c). */

@@ -3,6 +3,8 @@
  * dropout, strided views, batched vs unbatched. */
 #include "test.h"
 
+#include "internal.h" /* mha_malloc, mha_free */
+
 static size_t numel4(const int64_t *s) { return (size_t)(s[0] * s[1] * s[2] * s[3]); }
 
 TEST(core_status_strings_are_stable) {
@@ -39,6 +41,31 @@ TEST(core_tensor_alloc_zero_fills_and_frees) {
     CHECK(t.data == NULL);
     mha_tensor_free(&t); /* twice is harmless */
     mha_tensor_free(NULL);
+}
+
+/* mha_malloc gives 64-byte aligned blocks of every size that mha_free takes
+ * back (it stores the distance to malloc's block in front of the pointer),
+ * and a block freed is written to its last byte without touching another. */
+TEST(core_malloc_aligns_and_frees_every_size) {
+    static const size_t sizes[] = {0, 1, 15, 16, 17, 63, 64, 65, 4095, 4096, 1 << 20,
+                                   (26u << 20) + 3};
+    unsigned char *blocks[sizeof sizes / sizeof *sizes];
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        blocks[i] = mha_malloc(sizes[i]);
+        REQUIRE(blocks[i] != NULL);
+        CHECK((uintptr_t)blocks[i] % 64 == 0);
+        memset(blocks[i], (int)(i + 1), sizes[i] ? sizes[i] : 1);
+    }
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        const size_t n = sizes[i] ? sizes[i] : 1;
+        CHECK(blocks[i][0] == (unsigned char)(i + 1) && blocks[i][n - 1] == (unsigned char)(i + 1));
+        mha_free(blocks[i]);
+    }
+    float *z = mha_calloc(1000, sizeof(float));
+    REQUIRE(z != NULL);
+    CHECK((uintptr_t)z % 64 == 0 && z[0] == 0.0f && z[999] == 0.0f);
+    mha_free(z);
+    mha_free(NULL);
 }
 
 /* Runs SDPA with fresh random q/k/v; out (B,Hq,L,dv). */

@@ -358,9 +358,7 @@ mha_gemm_path mha_gemm_resolve(mha_gemm_path requested) {
 mha_gemm_path mha_gemm_resolve_for(mha_gemm_path requested, int64_t M, int64_t N, int64_t K) {
     const bool automatic = requested == MHA_GEMM_AUTO && mha_runtime_gemm_env() == MHA_GEMM_AUTO;
     const mha_gemm_path path = mha_gemm_resolve(requested);
-    if (!automatic || path != MHA_GEMM_BLAS || !mha_cpu_has_avx512())
-        return path;
-    if (mha_gemm_isa_pick() != &mha_gemm_isa_avx2 ||
+    if (automatic && path == MHA_GEMM_BLAS && mha_cpu_has_avx512() &&
         (double)M * (double)N * (double)K <= MHA_GEMM_OWN_MAX_MNK)
         return MHA_GEMM_AVX2;
     return path;

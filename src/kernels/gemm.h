@@ -35,20 +35,19 @@ mha_gemm_path mha_runtime_gemm_env(void);
 mha_gemm_path mha_gemm_resolve(mha_gemm_path requested);
 
 /* The path of one product of M*N*K multiply-adds: mha_gemm_resolve's,
- * except that an automatic choice of OpenBLAS gives way to mha's own GEMM on
- * AVX-512 machines: for every product when the own GEMM runs its 12 x 32
- * AVX-512 block (mha_gemm_isa_pick), for products up to MHA_GEMM_OWN_MAX_MNK
- * when MHA_KERNEL=avx2 holds it to the 6 x 16 block.  Measured on the Intel
- * Xeon (2 threads, docs/performance.md, "Intel Xeon with AMX, third visit"
- * and "fifth visit"): after each call OpenBLAS's threads spin (sched_yield)
- * for about 2^28 cycles, taking a core from the library's OpenMP team
- * through the attention and the next products.  A small product is over
- * before that pays (whole MHA forward E 512, L 256: 0.46x, L 512: 0.71x the
- * time of the OpenBLAS route), and in a steady run of calls the own block
- * matches or beats OpenBLAS's faster kernel at every size (B 32 L 128 E 384,
- * qkv product 2^30.8: 30-32 ms against 35-41; L 2048-4096: level; the MHA
- * backward 0.95-1.0x).  MHA_GEMM=blas still forces OpenBLAS. */
-#define MHA_GEMM_OWN_MAX_MNK ((double)(1 << 30))
+ * except that an automatic choice of OpenBLAS gives way to mha's own GEMM
+ * for products up to MHA_GEMM_OWN_MAX_MNK on AVX-512 machines.  After each
+ * call OpenBLAS's threads spin (sched_yield) for about 2^28 cycles and take
+ * a core from the library's OpenMP team through the attention and the next
+ * products; OpenBLAS's kernel is faster (1.2x on one thread), which pays
+ * only on large products.  Measured on the Intel Xeon, 2 threads, whole MHA
+ * forward in a steady run of calls (docs/performance.md, "Intel Xeon with
+ * AMX, third visit" and "fifth visit"): E 512 L 256: 0.46x, L 512: 0.71x
+ * the time of the OpenBLAS route; B 32 L 128 E 384 (qkv 2^30.8): 30-31 ms
+ * against 35-41; E 512 L 4096 (2^31.6): level; B 8 L 512 E 512 (2^31.6):
+ * 1.07x, E 1024 L 1024 (2^31.6): 1.05x the OpenBLAS route's time.
+ * MHA_GEMM=blas still forces OpenBLAS. */
+#define MHA_GEMM_OWN_MAX_MNK ((double)(1u << 31))
 mha_gemm_path mha_gemm_resolve_for(mha_gemm_path requested, int64_t M, int64_t N, int64_t K);
 
 /* mha_linear_f32 on a chosen path; returns the path that ran.  No path

@@ -159,10 +159,9 @@ TEST(gemm_paths_resolve) {
     CHECK(fallback == best);
 }
 
-/* Where the automatic choice is OpenBLAS on an AVX-512 machine, products
- * run on mha's own GEMM (one thread team): every product on its AVX-512
- * block, products up to MHA_GEMM_OWN_MAX_MNK multiply-adds on the AVX2
- * block (MHA_KERNEL=avx2); a forced path keeps the resolved one. */
+/* Products up to MHA_GEMM_OWN_MAX_MNK = 2^31 multiply-adds run on mha's own
+ * GEMM where the automatic choice is OpenBLAS on an AVX-512 machine (one
+ * thread team); a larger one, and any forced path, keep the resolved one. */
 TEST(gemm_small_products_stay_on_the_own_gemm) {
     const char *old = getenv("MHA_GEMM");
     char saved[32] = "";
@@ -173,11 +172,11 @@ TEST(gemm_small_products_stay_on_the_own_gemm) {
     const bool swaps = best == MHA_GEMM_BLAS && mha_cpu_has_avx512();
     CHECK(mha_gemm_resolve_for(MHA_GEMM_AUTO, 512, 1536, 512) ==
           (swaps ? MHA_GEMM_AVX2 : best));
-    CHECK(mha_gemm_resolve_for(MHA_GEMM_AUTO, 1024, 1024, 1024) ==
-          (swaps ? MHA_GEMM_AVX2 : best)); /* 2^30 exactly */
-    const bool wide_block = mha_gemm_isa_pick() != &mha_gemm_isa_avx2;
-    CHECK(mha_gemm_resolve_for(MHA_GEMM_AUTO, 1025, 1024, 1024) ==
-          (swaps && wide_block ? MHA_GEMM_AVX2 : best));
+    CHECK(mha_gemm_resolve_for(MHA_GEMM_AUTO, 4096, 1152, 384) ==
+          (swaps ? MHA_GEMM_AVX2 : best)); /* B 32 L 128 E 384: 2^30.8 */
+    CHECK(mha_gemm_resolve_for(MHA_GEMM_AUTO, 2048, 1024, 1024) ==
+          (swaps ? MHA_GEMM_AVX2 : best)); /* 2^31 exactly */
+    CHECK(mha_gemm_resolve_for(MHA_GEMM_AUTO, 2049, 1024, 1024) == best);
     CHECK(mha_gemm_resolve_for(MHA_GEMM_PORTABLE, 4, 4, 4) == MHA_GEMM_PORTABLE);
 #ifdef MHA_HAVE_CBLAS
     CHECK(mha_gemm_resolve_for(MHA_GEMM_BLAS, 4, 4, 4) == MHA_GEMM_BLAS);

@@ -270,14 +270,20 @@ static bool pack_rows(const float *src, int64_t rs, int64_t cs, int64_t n, int64
         memset(pk + (kp / NR - 1) * ld * NR, 0, sizeof(float) * (size_t)(ld * NR));
     for (int64_t r = 0; r < n; r++) {
         const float *sr = src + r * rs;
-        for (int64_t x0 = 0; x0 < k; x0 += NR) {
+        if (cs == 1) { /* a contiguous row: one test and one copy for the row */
+            bad |= nonfinite_bits(sr, k);
+            if (dst)
+                memcpy(dst + r * k, sr, sizeof(float) * (size_t)k);
+            for (int64_t x0 = 0; x0 < k; x0 += NR)
+                memcpy(pk + (x0 / NR) * ld * NR + r * NR, sr + x0,
+                       sizeof(float) * (size_t)(k - x0 < NR ? k - x0 : NR));
+            continue;
+        }
+        for (int64_t x0 = 0; x0 < k; x0 += NR) { /* strided: element by element */
             float *pr = pk + (x0 / NR) * ld * NR + r * NR;
             const int64_t w = k - x0 < NR ? k - x0 : NR;
-            if (cs == 1 && w == NR)
-                memcpy(pr, sr + x0, sizeof(float) * NR);
-            else
-                for (int64_t x = 0; x < w; x++)
-                    pr[x] = sr[(x0 + x) * cs];
+            for (int64_t x = 0; x < w; x++)
+                pr[x] = sr[(x0 + x) * cs];
             bad |= nonfinite_bits(pr, w);
             if (dst)
                 memcpy(dst + r * k + x0, pr, sizeof(float) * (size_t)w);
@@ -598,10 +604,14 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
             const int64_t o0 = b * g->out.stride[0] + h * g->out.stride[1] + i * g->out.stride[2];
             const int64_t d0 =
                 b * g->dout.stride[0] + h * g->dout.stride[1] + i * g->dout.stride[2];
+            const int64_t so = g->out.stride[3], sd = g->dout.stride[3];
             double D = 0.0;
-            for (int64_t x = 0; x < p->dv; x++)
-                D += (double)o[o0 + x * g->out.stride[3]] *
-                     (double)dO[d0 + x * g->dout.stride[3]];
+            if (so == 1 && sd == 1) /* the same sum, without the stride multiplies */
+                for (int64_t x = 0; x < p->dv; x++)
+                    D += (double)o[o0 + x] * (double)dO[d0 + x];
+            else
+                for (int64_t x = 0; x < p->dv; x++)
+                    D += (double)o[o0 + x * so] * (double)dO[d0 + x * sd];
             delta[r] = (float)D;
         }
     }

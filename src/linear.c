@@ -55,6 +55,12 @@ mha_gemm_path mha_linear_f32_path(mha_gemm_path requested, float *y, int64_t ldy
     mha_gemm_path path = mha_gemm_resolve_for(requested, M, N, K);
     if (M == 0 || N == 0)
         return path;
+    if (path == MHA_GEMM_AVX2 && K > 0 && !accumulate) {
+        /* the bias enters at the kernel's first k slice: y is written once
+         * instead of filled with the bias, read back and written again */
+        mha_gemm_f32_avx2(y, ldy, x, ldx, w, ldw, M, N, K, bias, 1);
+        return path;
+    }
     if (!accumulate) {
         for (int64_t r = 0; r < M; r++) {
             if (bias)
@@ -70,7 +76,7 @@ mha_gemm_path mha_linear_f32_path(mha_gemm_path requested, float *y, int64_t ldy
     if (K == 0)
         return path;
     if (path == MHA_GEMM_AVX2) {
-        mha_gemm_f32_avx2(y, ldy, x, ldx, w, ldw, M, N, K);
+        mha_gemm_f32_avx2(y, ldy, x, ldx, w, ldw, M, N, K, NULL, 0);
         return path;
     }
 #ifdef MHA_HAVE_CBLAS
@@ -84,7 +90,7 @@ mha_gemm_path mha_linear_f32_path(mha_gemm_path requested, float *y, int64_t ldy
         }
         path = blas_fallback();
         if (path == MHA_GEMM_AVX2) {
-            mha_gemm_f32_avx2(y, ldy, x, ldx, w, ldw, M, N, K);
+            mha_gemm_f32_avx2(y, ldy, x, ldx, w, ldw, M, N, K, NULL, 0);
             return path;
         }
     }

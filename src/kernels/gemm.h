@@ -65,8 +65,11 @@ void mha_gemm_f32_ab_ref(int trans_a, float *c, int64_t ldc, const float *a, int
 
 /* The avx2 path's register block, one per ISA: c (mr, nr) rows ldc apart +=
  * a (mr, kc) . b (kc, nr), a's rows the pointers a[0..mr) (any stride), b a
- * packed panel (kc rows of nr floats, 64-byte aligned).  Each c element is
- * one FMA chain in k order, so every block gives the same bits.  The driver
+ * packed panel (kc rows of nr floats, 64-byte aligned); with init non-NULL
+ * every row of c starts from init (nr floats) instead of c's old values
+ * (c = init + a . b: the bias of a first k slice, which y then never has to
+ * hold beforehand).  Each c element is one FMA chain in k order from its
+ * start value, so every block gives the same bits.  The driver
  * (gemm_avx2.c: packing, loop nest, tails, threads) is shared:
  *   mha_gemm_isa_avx2    the 6x16 AVX2+FMA block (gemm_avx2.c);
  *   mha_gemm_isa_avx512  the 12x32 AVX-512 block (gemm_avx512.c; check
@@ -75,7 +78,8 @@ enum { MHA_GEMM_MR_MAX = 12, MHA_GEMM_NR_MAX = 32 };
 typedef struct mha_gemm_isa {
     int mr, nr; /* rows <= MHA_GEMM_MR_MAX, columns <= MHA_GEMM_NR_MAX (a multiple of 16) */
     int mc;     /* rows of y per task, a multiple of mr (the x block kept in L2) */
-    void (*block)(int64_t kc, const float *const *a, const float *b, float *c, int64_t ldc);
+    void (*block)(int64_t kc, const float *const *a, const float *b, float *c, int64_t ldc,
+                  const float *init);
 } mha_gemm_isa;
 extern const mha_gemm_isa mha_gemm_isa_avx2;
 MHA_AVX512_DECLARE(mha_gemm_isa, mha_gemm_isa_avx512);
@@ -87,16 +91,19 @@ const mha_gemm_isa *mha_gemm_isa_pick(void);
 
 /* The two products below on a chosen block (tests compare blocks). */
 void mha_gemm_f32_run(const mha_gemm_isa *isa, float *y, int64_t ldy, const float *x,
-                      int64_t ldx, const float *w, int64_t ldw, int64_t M, int64_t N, int64_t K);
+                      int64_t ldx, const float *w, int64_t ldw, int64_t M, int64_t N, int64_t K,
+                      const float *bias, int set);
 void mha_gemm_f32_ab_run(const mha_gemm_isa *isa, int trans_a, float *c, int64_t ldc,
                          const float *a, int64_t lda, const float *b, int64_t ldb, int64_t M,
                          int64_t N, int64_t K);
 
-/* avx2 path: y (M,N) += x (M,K) w^T, y already holds its initial value
- * (bias, zero or the caller's), on mha_gemm_isa_pick()'s block.  Only call
- * after a CPU check. */
+/* avx2 path, on mha_gemm_isa_pick()'s block: set = 0: y (M,N) += x (M,K)
+ * w^T (y holds its initial value); set = 1: y = bias + x w^T, bias (N) or
+ * NULL for zero, y's old values never read (the same bits as y filled with
+ * bias first: each element's FMA chain starts from its bias value).  K >= 1.
+ * Only call after a CPU check. */
 void mha_gemm_f32_avx2(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
-                       int64_t ldw, int64_t M, int64_t N, int64_t K);
+                       int64_t ldw, int64_t M, int64_t N, int64_t K, const float *bias, int set);
 
 /* The backward's products, C (M,N) += op(A) B (K,N), on a chosen path;
  * returns the path that ran.

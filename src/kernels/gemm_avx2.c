@@ -58,17 +58,21 @@
 
 enum { MR = 6, NR = 16, KC = 256, MC = 144, NC = 256 }; /* MR x NR, MC: the AVX2 block's */
 
-/* c (MR, NR) += a (MR, kc) . b (kc, NR): a rows are the pointers a0..a5 (any
- * stride, the rows of x), b is a packed panel; c rows ldc apart. */
+/* c (MR, NR) += a (MR, kc) . b (kc, NR), or c = init + a . b with init (NR)
+ * non-NULL: a rows are the pointers a0..a5 (any stride, the rows of x), b is
+ * a packed panel; c rows ldc apart. */
 static void kernel_6x16(int64_t kc, const float *const *a, const float *b, float *c,
-                        int64_t ldc) {
+                        int64_t ldc, const float *init) {
     const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5];
-    __m256 c00 = _mm256_loadu_ps(c), c01 = _mm256_loadu_ps(c + 8);
-    __m256 c10 = _mm256_loadu_ps(c + ldc), c11 = _mm256_loadu_ps(c + ldc + 8);
-    __m256 c20 = _mm256_loadu_ps(c + 2 * ldc), c21 = _mm256_loadu_ps(c + 2 * ldc + 8);
-    __m256 c30 = _mm256_loadu_ps(c + 3 * ldc), c31 = _mm256_loadu_ps(c + 3 * ldc + 8);
-    __m256 c40 = _mm256_loadu_ps(c + 4 * ldc), c41 = _mm256_loadu_ps(c + 4 * ldc + 8);
-    __m256 c50 = _mm256_loadu_ps(c + 5 * ldc), c51 = _mm256_loadu_ps(c + 5 * ldc + 8);
+    /* rows start from init (stride 0) or from c (stride ldc) */
+    const float *c0 = init ? init : c;
+    const int64_t lc = init ? 0 : ldc;
+    __m256 c00 = _mm256_loadu_ps(c0), c01 = _mm256_loadu_ps(c0 + 8);
+    __m256 c10 = _mm256_loadu_ps(c0 + lc), c11 = _mm256_loadu_ps(c0 + lc + 8);
+    __m256 c20 = _mm256_loadu_ps(c0 + 2 * lc), c21 = _mm256_loadu_ps(c0 + 2 * lc + 8);
+    __m256 c30 = _mm256_loadu_ps(c0 + 3 * lc), c31 = _mm256_loadu_ps(c0 + 3 * lc + 8);
+    __m256 c40 = _mm256_loadu_ps(c0 + 4 * lc), c41 = _mm256_loadu_ps(c0 + 4 * lc + 8);
+    __m256 c50 = _mm256_loadu_ps(c0 + 5 * lc), c51 = _mm256_loadu_ps(c0 + 5 * lc + 8);
     for (int64_t k = 0; k < kc; k++, b += NR) {
         __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8), x;
         x = _mm256_broadcast_ss(a0 + k);
@@ -105,8 +109,12 @@ typedef struct gemm_ops {
     int a_trans; /* 1: a is (K,M), packed */
     const float *b;
     int64_t ldb;
-    int b_kn; /* 1: b is (K,N); 0: b is (N,K) */
+    int b_kn;          /* 1: b is (K,N); 0: b is (N,K) */
+    int set;           /* 1: C = bias + op(A) op(B), C's old values unread */
+    const float *bias; /* (N) or NULL (zero), when set */
 } gemm_ops;
+
+static const float zero_row[MHA_GEMM_NR_MAX] __attribute__((aligned(64)));
 
 /* dst (cols, rows) rows ldd apart = src (rows, cols) rows lds apart,
  * transposed: dst[c*ldd + r] = src[r*lds + c].  8 x 8 tiles in registers
@@ -215,13 +223,18 @@ static void gemm_task(const mha_gemm_isa *isa, float *y, int64_t ldy, const gemm
                                           : o->a + (r0 + row) * o->lda + k0;
                     }
                     float *c = y + (r0 + i) * ldy + c0 + j;
+                    /* the first k slice of a set product starts from the bias */
+                    const float *init = NULL;
+                    if (o->set && k0 == 0)
+                        init = o->bias ? o->bias + c0 + j : zero_row;
                     if (mr == mrb && nr == nrb) {
-                        isa->block(kc, a, bp, c, ldy);
+                        isa->block(kc, a, bp, c, ldy, init);
                     } else {
                         /* partial block through a full tile: the arithmetic is the block's own */
                         for (int64_t r = 0; r < mr; r++)
-                            memcpy(t + r * nrb, c + r * ldy, sizeof(float) * (size_t)nr);
-                        isa->block(kc, a, bp, t, nrb);
+                            memcpy(t + r * nrb, init ? init : c + r * ldy,
+                                   sizeof(float) * (size_t)nr);
+                        isa->block(kc, a, bp, t, nrb, NULL);
                         for (int64_t r = 0; r < mr; r++)
                             memcpy(c + r * ldy, t + r * nrb, sizeof(float) * (size_t)nr);
                     }
@@ -262,8 +275,10 @@ const mha_gemm_isa *mha_gemm_isa_pick(void) {
 }
 
 void mha_gemm_f32_run(const mha_gemm_isa *isa, float *y, int64_t ldy, const float *x,
-                      int64_t ldx, const float *w, int64_t ldw, int64_t M, int64_t N, int64_t K) {
-    gemm_ops o = {.a = x, .lda = ldx, .a_trans = 0, .b = w, .ldb = ldw, .b_kn = 0};
+                      int64_t ldx, const float *w, int64_t ldw, int64_t M, int64_t N, int64_t K,
+                      const float *bias, int set) {
+    gemm_ops o = {.a = x, .lda = ldx, .a_trans = 0, .b = w, .ldb = ldw, .b_kn = 0,
+                  .set = set != 0, .bias = bias};
     gemm_run(isa, y, ldy, &o, M, N, K);
 }
 
@@ -275,8 +290,8 @@ void mha_gemm_f32_ab_run(const mha_gemm_isa *isa, int trans_a, float *c, int64_t
 }
 
 void mha_gemm_f32_avx2(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
-                       int64_t ldw, int64_t M, int64_t N, int64_t K) {
-    mha_gemm_f32_run(mha_gemm_isa_pick(), y, ldy, x, ldx, w, ldw, M, N, K);
+                       int64_t ldw, int64_t M, int64_t N, int64_t K, const float *bias, int set) {
+    mha_gemm_f32_run(mha_gemm_isa_pick(), y, ldy, x, ldx, w, ldw, M, N, K, bias, set);
 }
 
 void mha_gemm_f32_ab_avx2(int trans_a, float *c, int64_t ldc, const float *a, int64_t lda,

@@ -19,13 +19,21 @@
 
 enum { MR = 12, NR = 32, MC = 576 }; /* MC: rows per task (gemm_avx2.c, Sizes) */
 
-/* c (MR, NR) rows ldc apart += a (MR, kc) . b (kc, NR): mha_gemm_isa.block. */
+/* c (MR, NR) rows ldc apart += a (MR, kc) . b (kc, NR), or c = init + a . b
+ * with init (NR) non-NULL: mha_gemm_isa.block. */
 static void block_12x32(int64_t kc, const float *const *a, const float *b, float *c,
-                        int64_t ldc) {
+                        int64_t ldc, const float *init) {
     __m512 lo[MR], hi[MR];
+    if (init) {
+        const __m512 i0 = _mm512_loadu_ps(init), i1 = _mm512_loadu_ps(init + 16);
 #pragma GCC unroll 12
-    for (int r = 0; r < MR; r++)
-        lo[r] = _mm512_loadu_ps(c + r * ldc), hi[r] = _mm512_loadu_ps(c + r * ldc + 16);
+        for (int r = 0; r < MR; r++)
+            lo[r] = i0, hi[r] = i1;
+    } else {
+#pragma GCC unroll 12
+        for (int r = 0; r < MR; r++)
+            lo[r] = _mm512_loadu_ps(c + r * ldc), hi[r] = _mm512_loadu_ps(c + r * ldc + 16);
+    }
     const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5],
                 *a6 = a[6], *a7 = a[7], *a8 = a[8], *a9 = a[9], *a10 = a[10], *a11 = a[11];
     for (int64_t k = 0; k < kc; k++, b += NR) {

@@ -411,7 +411,8 @@ static void blocks_run(const mha_gemm_isa *isa, int kind, const gemm_case *g, co
                        float *out) {
     if (kind == 0) {
         memcpy(out, g->y0, sizeof(float) * (size_t)(g->M * g->ldy));
-        mha_gemm_f32_run(isa, out, g->ldy, g->x, g->ldx, g->w, g->ldw, g->M, g->N, g->K);
+        mha_gemm_f32_run(isa, out, g->ldy, g->x, g->ldx, g->w, g->ldw, g->M, g->N, g->K, NULL,
+                         0);
     } else {
         memcpy(out, t->c0, sizeof(float) * (size_t)(t->M * t->ldc));
         mha_gemm_f32_ab_run(isa, t->trans_a, out, t->ldc, t->a, t->lda, t->b, t->ldb, t->M, t->N,
@@ -516,4 +517,47 @@ TEST(gemm_avx512_block_bit_identical_across_threads) {
         else
             ab_free(&t);
     }
+}
+
+/* y = bias + x w^T with the bias entering at the block's first k slice (y's
+ * old values never read: NaN here) gives the bits of y filled with the bias
+ * and then accumulated, on both blocks, with bias NULL as zero; guards kept.
+ * Shapes cross the block edges and the k slices (K 257, 513). */
+TEST(gemm_set_bias_in_block_matches_bias_filled) {
+    if (!mha_cpu_has_avx2_fma())
+        SKIP("gemm avx2 driver: this CPU lacks AVX2+FMA");
+    const mha_gemm_isa *isas[2] = {&mha_gemm_isa_avx2,
+                                   mha_avx512_runs() ? MHA_AVX512_PICK(mha_gemm_isa_avx512) : NULL};
+    static const int64_t shapes[][4] = {/* M, N, K, pad */
+                                        {1, 1, 1, 0},   {13, 33, 257, 1}, {12, 32, 256, 0},
+                                        {25, 65, 513, 2}, {145, 97, 300, 1}, {7, 1536, 64, 0}};
+    for (int b = 0; b < 2; b++) {
+        if (!isas[b])
+            continue;
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            gemm_case g;
+            case_make(&g, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 900 + s);
+            const size_t n = (size_t)(g.M * g.ldy);
+            float *want = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+            for (int with_bias = 0; with_bias < 2; with_bias++) {
+                for (int64_t i = 0; i < g.M; i++)
+                    for (int64_t j = 0; j < g.ldy; j++) {
+                        want[i * g.ldy + j] = j >= g.N ? GUARD : with_bias ? g.bias[j] : 0.0f;
+                        got[i * g.ldy + j] = j >= g.N ? GUARD : NAN;
+                    }
+                mha_gemm_f32_run(isas[b], want, g.ldy, g.x, g.ldx, g.w, g.ldw, g.M, g.N, g.K,
+                                 NULL, 0);
+                mha_gemm_f32_run(isas[b], got, g.ldy, g.x, g.ldx, g.w, g.ldw, g.M, g.N, g.K,
+                                 with_bias ? g.bias : NULL, 1);
+                if (memcmp(want, got, sizeof(float) * n) != 0)
+                    test_fail(__FILE__, __LINE__, "block %d M=%lld N=%lld K=%lld bias %d: set "
+                              "differs from bias-filled", b, (long long)g.M, (long long)g.N,
+                              (long long)g.K, with_bias);
+            }
+            free(want), free(got);
+            case_free(&g);
+        }
+    }
+    if (!isas[1])
+        SKIP_PART("the avx512 block: this CPU lacks AVX-512 (and it is not emulated here)");
 }

@@ -24,7 +24,9 @@
  *   so nothing is allocated: the layers' planned forward stays
  *   allocation-free whichever path runs;
  *   the 6x16 micro-kernel keeps 12 YMM accumulators, loads 2 YMM of wp and
- *   broadcasts 6 floats of x per k: 12 FMAs per 2 loads + 6 broadcasts.
+ *   broadcasts 6 floats of x per k: 12 FMAs per 2 loads + 6 broadcasts;
+ *   y = bias + x w^T starts the accumulators of the first KC slice from the
+ *   bias row (gemm_ops.set), so y is not filled beforehand.
  *
  * Sizes (fixed, never per thread count):
  *   KC = 256: a wp micro-panel KC x NR is 16 KiB (NR 16) or 32 KiB (NR 32)

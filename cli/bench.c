@@ -154,10 +154,10 @@ void cli_bench_settle(void) {
 
 /* Runs fn reps times after the caller's warm-up (one run of first_ms) and
  * more warm-up runs up to WARM_MS in all; returns the median in ms.  The
- * warm-up is by time because glibc serves a call's workspace of a few MiB
- * from fresh mmap pages (a page fault per 4 KiB) until its threshold has
- * adapted, which took 8-9 calls of the MHA forward at E 512 L 512 (1.3x
- * the time of the later calls; docs/performance.md, "fifth visit"). */
+ * first calls of a case pay for fresh workspace pages (a page fault per 4
+ * KiB) until malloc reuses its freed blocks: 9 calls with aligned_alloc,
+ * 2 since mha_malloc (src/alloc.c; docs/performance.md, "fifth visit").
+ * The warm-up is by time, so short cases get many runs and long ones one. */
 enum { WARM_MS = 200 };
 typedef mha_status (*run_fn)(void *ctx);
 static double time_median(run_fn fn, void *ctx, int reps, double first_ms) {

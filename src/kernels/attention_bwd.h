@@ -62,6 +62,11 @@ typedef struct mha_bwd_isa {
      *   otherwise s = dp = 0 (exactly; NaN in s or dp is dropped). */
     void (*row_grad)(float *s, float *dp, int64_t n, int64_t lim, float scale, const float *bias,
                      float lse, float D);
+    /* One K^T/V^T panel: panel (k, NR) = rows (w, k) of src (row r at
+     * src + r*rs, columns contiguous) transposed, panel[x*NR + r] =
+     * src[r*rs + x] for r < w <= NR, zero for w <= r < NR; panel 64-byte
+     * aligned.  NULL: the driver's one-float loop. */
+    void (*transpose_rows)(float *panel, const float *src, int64_t rs, int64_t w, int64_t k);
 } mha_bwd_isa;
 
 /* Fused tiles: recomputes P from lse per (query tile, key block), never

@@ -19,7 +19,7 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "simd_avx2.h" /* exp256 */
+#include "simd_avx2.h" /* exp256, transpose8_ps */
 
 enum { MR = MHA_BWD_MR, NR = MHA_BWD_NR };
 
@@ -97,4 +97,26 @@ static void row_grad_avx2(float *s, float *dp, int64_t n, int64_t lim, float sca
     }
 }
 
-const mha_bwd_isa mha_bwd_isa_avx2 = {"avx2", gemm_avx2, row_grad_avx2};
+/* See mha_bwd_isa.transpose_rows: 8 x 8 tiles in registers (the two row
+ * halves of a panel; masked loads past k, zero rows past w),
+ * transpose8_ps, one store per half panel row. */
+static void transpose_rows_avx2(float *panel, const float *src, int64_t rs, int64_t w,
+                                int64_t k) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t x0 = 0; x0 < k; x0 += 8) {
+        const int64_t nx = k - x0 < 8 ? k - x0 : 8;
+        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nx), lane);
+        for (int h = 0; h < NR; h += 8) {
+            __m256 r[8];
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++)
+                r[i] = h + i < w ? _mm256_maskload_ps(src + (h + i) * rs + x0, m)
+                                 : _mm256_setzero_ps();
+            transpose8_ps(r);
+            for (int64_t c = 0; c < nx; c++)
+                _mm256_store_ps(panel + (x0 + c) * NR + h, r[c]);
+        }
+    }
+}
+
+const mha_bwd_isa mha_bwd_isa_avx2 = {"avx2", gemm_avx2, row_grad_avx2, transpose_rows_avx2};

@@ -70,5 +70,24 @@ static void row_grad_avx512(float *s, float *dp, int64_t n, int64_t lim, float s
     }
 }
 
+/* See mha_bwd_isa.transpose_rows: 16 x 16 tiles in registers (masked
+ * loads past k, zero rows past w), transpose16_ps, one aligned store per
+ * panel row. */
+static void transpose_rows_avx512(float *panel, const float *src, int64_t rs, int64_t w,
+                                  int64_t k) {
+    for (int64_t x0 = 0; x0 < k; x0 += 16) {
+        const __mmask16 m = mask16(k - x0);
+        __m512 r[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++)
+            r[i] = i < w ? _mm512_maskz_loadu_ps(m, src + i * rs + x0) : _mm512_setzero_ps();
+        transpose16_ps(r);
+        const int64_t nx = k - x0 < 16 ? k - x0 : 16;
+        for (int64_t c = 0; c < nx; c++)
+            _mm512_store_ps(panel + (x0 + c) * NR, r[c]);
+    }
+}
+
 const mha_bwd_isa MHA_AVX512_SYMBOL(mha_bwd_isa_avx512) = {"avx512", gemm_avx512,
-                                                            row_grad_avx512};
+                                                            row_grad_avx512,
+                                                            transpose_rows_avx512};

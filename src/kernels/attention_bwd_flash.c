@@ -131,6 +131,7 @@ mha_status mha_attn_row_stats(const mha_attn_problem *p, const mha_attn_grad *g,
 /* ---- portable inner loops ---------------------------------------------------- */
 
 enum { MR = MHA_BWD_MR, NR = MHA_BWD_NR, BR = MHA_BWD_BR, BC = MHA_BWD_BC, TASKS_WANTED = 16 };
+_Static_assert(BC % MR == 0 && BC % NR == 0, "a key block is whole row groups and panels");
 
 /* The packed query tiles (Q and dO) of a chunk of (b, kv head) pairs are
  * capped near this size (one pair at least), as the forward's packed K/V
@@ -173,7 +174,7 @@ static void row_grad_scalar(float *s, float *dp, int64_t n, int64_t lim, float s
     }
 }
 
-static const mha_bwd_isa isa_scalar = {"scalar", gemm_scalar, row_grad_scalar};
+static const mha_bwd_isa isa_scalar = {"scalar", gemm_scalar, row_grad_scalar, NULL};
 
 /* The same product skipping a == 0, so a NaN/Inf in b (a key, query or dO
  * row that only masked entries touch) never meets a zero weight.  Used only
@@ -249,6 +250,7 @@ static size_t ws_layout(const bwd_ctx *c, float *base, bwd_ws *w) {
  * H12 L128 d32, perf on the Xeon). */
 static uint32_t nonfinite_bits(const float *x, int64_t n) {
     uint32_t acc = 0;
+#pragma omp simd reduction(| : acc) /* -O2 alone left it one float a step */
     for (int64_t i = 0; i < n; i++) {
         uint32_t b;
         memcpy(&b, x + i, sizeof b);
@@ -270,13 +272,21 @@ static bool pack_rows(const float *src, int64_t rs, int64_t cs, int64_t n, int64
         memset(pk + (kp / NR - 1) * ld * NR, 0, sizeof(float) * (size_t)(ld * NR));
     for (int64_t r = 0; r < n; r++) {
         const float *sr = src + r * rs;
-        if (cs == 1) { /* a contiguous row: one test and one copy for the row */
+        if (cs == 1) { /* a contiguous row: one test, then NR floats a copy
+                          of constant size (inlined; the library call per
+                          short copy had been 16 % of a d = 32 backward) */
             bad |= nonfinite_bits(sr, k);
-            if (dst)
-                memcpy(dst + r * k, sr, sizeof(float) * (size_t)k);
-            for (int64_t x0 = 0; x0 < k; x0 += NR)
-                memcpy(pk + (x0 / NR) * ld * NR + r * NR, sr + x0,
-                       sizeof(float) * (size_t)(k - x0 < NR ? k - x0 : NR));
+            int64_t x0 = 0;
+            for (; x0 + NR <= k; x0 += NR) {
+                memcpy(pk + (x0 / NR) * ld * NR + r * NR, sr + x0, sizeof(float) * NR);
+                if (dst)
+                    memcpy(dst + r * k + x0, sr + x0, sizeof(float) * NR);
+            }
+            if (x0 < k) {
+                memcpy(pk + (x0 / NR) * ld * NR + r * NR, sr + x0, sizeof(float) * (size_t)(k - x0));
+                if (dst)
+                    memcpy(dst + r * k + x0, sr + x0, sizeof(float) * (size_t)(k - x0));
+            }
             continue;
         }
         for (int64_t x0 = 0; x0 < k; x0 += NR) { /* strided: element by element */
@@ -296,26 +306,29 @@ static bool pack_rows(const float *src, int64_t rs, int64_t cs, int64_t n, int64
 
 /* K^T-style panels (n/NR, k, NR) of rows (n, k): column r of panel r/NR;
  * the columns n..NR of a last partial panel are zero (the products read
- * the panels up to it only).  Returns false on a non-finite value. */
-static bool pack_cols(const float *src, int64_t rs, int64_t cs, int64_t n, int64_t k,
-                      float *pk) {
-    uint32_t bad = 0;
+ * the panels up to it only).  No finiteness test: the K rows' is
+ * pack_rows's (the K panels of the same block), and a non-finite V only
+ * reaches dP columns of its own key, which the epilogue replaces with 0
+ * where masked. */
+static void pack_cols(const mha_bwd_isa *isa, const float *src, int64_t rs, int64_t cs,
+                      int64_t n, int64_t k, float *pk) {
     for (int64_t r0 = 0; r0 < n; r0 += NR) {
         float *panel = pk + (r0 / NR) * k * NR;
         const int64_t w = n - r0 < NR ? n - r0 : NR;
+        if (cs == 1 && isa->transpose_rows) { /* register tiles (the one-float
+                                                 loop was 12 % of a d = 32
+                                                 backward) */
+            isa->transpose_rows(panel, src + r0 * rs, rs, w, k);
+            continue;
+        }
         if (w < NR)
             memset(panel, 0, sizeof(float) * (size_t)(k * NR));
         for (int64_t rr = 0; rr < w; rr++) {
             const float *sr = src + (r0 + rr) * rs;
-            if (cs == 1) /* a contiguous row: the test on the source */
-                bad |= nonfinite_bits(sr, k);
             for (int64_t x = 0; x < k; x++)
                 panel[x * NR + rr] = sr[x * cs];
         }
-        if (cs != 1)
-            bad |= nonfinite_bits(panel, k * NR);
     }
-    return bad == 0;
 }
 
 /* Columns of key block [j0, j0+nc) that query row i may see (causal). */
@@ -421,7 +434,10 @@ static void tile_backward(const bwd_ctx *c, bwd_ws *w, int64_t b, int64_t h, int
     if (ncv == 0)
         return;
 
-    /* P (times Z) into s, dS into dp; every column of every row is written */
+    /* P (times Z) into s, dS into dp; every column the products below read
+     * (< ncvp: dV and dK; < ncv: dQ) of every row is written, up to whole
+     * NR-column chunks (<= BC, both multiples of MR and NR) */
+    const int64_t ncw = round_up(round_up(ncv, MR), NR);
     for (int64_t r = 0; r < nrp; r++) {
         float *s = w->s + r * BC, *dpr = w->dp + r * BC;
         const int64_t i = i0 + r;
@@ -437,7 +453,7 @@ static void tile_backward(const bwd_ctx *c, bwd_ws *w, int64_t b, int64_t h, int
         if (c->scalar_rows && lim > 0)
             row_grad_general(c, s, dpr, lim, bias, lse, D, b, h, i, j0);
         else
-            isa->row_grad(s, dpr, BC, lim, p->scale, bias, lse, D);
+            isa->row_grad(s, dpr, ncw, lim, p->scale, bias, lse, D);
     }
 
     /* dV += (P Z)^T dO and dK += dS^T Q over the key rows some query sees;
@@ -504,11 +520,10 @@ static void task_backward(const bwd_ctx *c, bwd_ws *w, int64_t b, int64_t hk, in
     for (int64_t blk = lo; blk < hi; blk++) {
         const int64_t j0 = blk * BC, nc = p->S - j0 < BC ? p->S - j0 : BC;
         const float *ksrc = kbase + j0 * p->k.stride[2], *vsrc = vbase + j0 * p->v.stride[2];
-        bool kfinite = pack_cols(ksrc, p->k.stride[2], p->k.stride[3], nc, d, w->kt);
-        pack_cols(vsrc, p->v.stride[2], p->v.stride[3], nc, dvd, w->vt);
-        /* (a non-finite V only reaches dP columns of its own key, which the
-         * epilogue replaces with 0 where masked) */
-        kfinite &= pack_rows(ksrc, p->k.stride[2], p->k.stride[3], nc, d, 0, BC, NULL, w->kp);
+        pack_cols(c->isa, ksrc, p->k.stride[2], p->k.stride[3], nc, d, w->kt);
+        pack_cols(c->isa, vsrc, p->v.stride[2], p->v.stride[3], nc, dvd, w->vt);
+        const bool kfinite =
+            pack_rows(ksrc, p->k.stride[2], p->k.stride[3], nc, d, 0, BC, NULL, w->kp);
         if (nc < BC) /* rows past S of the K panels */
             for (int64_t pn = 0; pn < dp / NR; pn++)
                 memset(w->kp + pn * BC * NR + nc * NR, 0, sizeof(float) * (size_t)((BC - nc) * NR));
@@ -606,10 +621,13 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
                 b * g->dout.stride[0] + h * g->dout.stride[1] + i * g->dout.stride[2];
             const int64_t so = g->out.stride[3], sd = g->dout.stride[3];
             double D = 0.0;
-            if (so == 1 && sd == 1) /* the same sum, without the stride multiplies */
+            if (so == 1 && sd == 1) { /* in SIMD lanes: one chain of dependent
+                                         double adds per row had been 5 % of
+                                         a d = 32 backward */
+#pragma omp simd reduction(+ : D)
                 for (int64_t x = 0; x < p->dv; x++)
                     D += (double)o[o0 + x] * (double)dO[d0 + x];
-            else
+            } else
                 for (int64_t x = 0; x < p->dv; x++)
                     D += (double)o[o0 + x * so] * (double)dO[d0 + x * sd];
             delta[r] = (float)D;
@@ -648,6 +666,22 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
             const float *restrict part = c.dq_part + r * c.dp;
             float *restrict dqr = dq + q0;
             const size_t split_stride = (size_t)rows * (size_t)c.dp;
+            if (cs == 1) { /* the same sums, 64 columns at a time in SIMD lanes */
+                for (int64_t x0 = 0; x0 < p->d; x0 += 64) {
+                    const int64_t nx = p->d - x0 < 64 ? p->d - x0 : 64;
+                    float acc[64] = {0};
+                    for (int64_t s = 0; s < c.nsplit; s++) {
+                        const float *restrict ps = part + (size_t)s * split_stride + x0;
+#pragma omp simd
+                        for (int64_t x = 0; x < nx; x++)
+                            acc[x] += ps[x];
+                    }
+#pragma omp simd
+                    for (int64_t x = 0; x < nx; x++)
+                        dqr[x0 + x] += p->scale * acc[x];
+                }
+                continue;
+            }
             for (int64_t x = 0; x < p->d; x++) { /* each element summed in split order */
                 float acc = 0.0f;
                 for (int64_t s = 0; s < c.nsplit; s++)

@@ -203,25 +203,6 @@ static float softmax_row(float *s, int64_t S, bool *skips) {
     return hsum256(sum);
 }
 
-/* r (8 x 8) transposed in place: r[i] lane j becomes r[j] lane i. */
-static inline __attribute__((always_inline)) void transpose8_ps(__m256 r[8]) {
-    __m256 t[8], u[8];
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4) {
-        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
-        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
-    }
-}
-
 /* kt (Lp/16, d, 16) = K^T of k (S, d) rows ld apart in panels of 16 keys,
  * zeros for the keys S..Lp (Lp a multiple of 16): 8 x 8 blocks by
  * transpose8_ps, a partial one's columns under a mask. */

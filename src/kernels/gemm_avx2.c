@@ -54,6 +54,7 @@
  * and thread computes it, so y is bit-identical for any thread count.
  */
 #include "gemm.h"
+#include "simd_avx2.h" /* transpose8_ps */
 
 #include <immintrin.h>
 #include <string.h>
@@ -120,7 +121,7 @@ static const float zero_row[MHA_GEMM_NR_MAX] __attribute__((aligned(64)));
 
 /* dst (cols, rows) rows ldd apart = src (rows, cols) rows lds apart,
  * transposed: dst[c*ldd + r] = src[r*lds + c].  8 x 8 tiles in registers
- * (8 row loads, 24 shuffles, 8 row stores), the edges one float at a time.
+ * (8 row loads, transpose8_ps, 8 row stores), the edges one float at a time.
  * Both packs that transpose (w (N,K) into its panels, a (K,M) into rows)
  * had been the one-float loop alone: its stores, each to another line, took
  * 14 % of the GEMM's time in an E = 512 MHA forward (perf, Intel Xeon). */
@@ -130,28 +131,15 @@ static void transpose_into(float *dst, int64_t ldd, const float *src, int64_t ld
     for (int64_t r = 0; r < rows8; r += 8)
         for (int64_t c = 0; c < cols8; c += 8) {
             const float *s = src + r * lds + c;
-            __m256 t0 = _mm256_loadu_ps(s), t1 = _mm256_loadu_ps(s + lds),
-                   t2 = _mm256_loadu_ps(s + 2 * lds), t3 = _mm256_loadu_ps(s + 3 * lds),
-                   t4 = _mm256_loadu_ps(s + 4 * lds), t5 = _mm256_loadu_ps(s + 5 * lds),
-                   t6 = _mm256_loadu_ps(s + 6 * lds), t7 = _mm256_loadu_ps(s + 7 * lds);
-            /* pairs of rows interleaved, then quads, then the 128-bit halves */
-            __m256 u0 = _mm256_unpacklo_ps(t0, t1), u1 = _mm256_unpackhi_ps(t0, t1),
-                   u2 = _mm256_unpacklo_ps(t2, t3), u3 = _mm256_unpackhi_ps(t2, t3),
-                   u4 = _mm256_unpacklo_ps(t4, t5), u5 = _mm256_unpackhi_ps(t4, t5),
-                   u6 = _mm256_unpacklo_ps(t6, t7), u7 = _mm256_unpackhi_ps(t6, t7);
-            __m256 v0 = _mm256_shuffle_ps(u0, u2, 0x44), v1 = _mm256_shuffle_ps(u0, u2, 0xEE),
-                   v2 = _mm256_shuffle_ps(u1, u3, 0x44), v3 = _mm256_shuffle_ps(u1, u3, 0xEE),
-                   v4 = _mm256_shuffle_ps(u4, u6, 0x44), v5 = _mm256_shuffle_ps(u4, u6, 0xEE),
-                   v6 = _mm256_shuffle_ps(u5, u7, 0x44), v7 = _mm256_shuffle_ps(u5, u7, 0xEE);
+            __m256 t[8];
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++)
+                t[i] = _mm256_loadu_ps(s + i * lds);
+            transpose8_ps(t);
             float *d = dst + c * ldd + r;
-            _mm256_storeu_ps(d, _mm256_permute2f128_ps(v0, v4, 0x20));
-            _mm256_storeu_ps(d + ldd, _mm256_permute2f128_ps(v1, v5, 0x20));
-            _mm256_storeu_ps(d + 2 * ldd, _mm256_permute2f128_ps(v2, v6, 0x20));
-            _mm256_storeu_ps(d + 3 * ldd, _mm256_permute2f128_ps(v3, v7, 0x20));
-            _mm256_storeu_ps(d + 4 * ldd, _mm256_permute2f128_ps(v0, v4, 0x31));
-            _mm256_storeu_ps(d + 5 * ldd, _mm256_permute2f128_ps(v1, v5, 0x31));
-            _mm256_storeu_ps(d + 6 * ldd, _mm256_permute2f128_ps(v2, v6, 0x31));
-            _mm256_storeu_ps(d + 7 * ldd, _mm256_permute2f128_ps(v3, v7, 0x31));
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++)
+                _mm256_storeu_ps(d + i * ldd, t[i]);
         }
     for (int64_t r = 0; r < rows; r++) /* the edges: columns past cols8, rows past rows8 */
         for (int64_t c = r < rows8 ? cols8 : 0; c < cols; c++)

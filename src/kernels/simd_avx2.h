@@ -64,4 +64,30 @@ static inline __m256 gelu256(__m256 x) {
     return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), one_plus_erf);
 }
 
+/* r (8 x 8) transposed in place: r[i] lane j becomes r[j] lane i.  24
+ * shuffles: pairs of rows interleaved, then quads, then the 128-bit
+ * halves.  Used by the GEMM's transposing packs (gemm_avx2.c), the
+ * whole-row forward's K^T (attention_short_avx2.c) and the backward's
+ * K^T/V^T panels (attention_bwd_avx2.c). */
+static inline __attribute__((always_inline)) void transpose8_ps(__m256 r[8]) {
+    __m256 u[8], v[8];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        u[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        u[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) {
+        v[4 * i] = _mm256_shuffle_ps(u[4 * i], u[4 * i + 2], 0x44);
+        v[4 * i + 1] = _mm256_shuffle_ps(u[4 * i], u[4 * i + 2], 0xEE);
+        v[4 * i + 2] = _mm256_shuffle_ps(u[4 * i + 1], u[4 * i + 3], 0x44);
+        v[4 * i + 3] = _mm256_shuffle_ps(u[4 * i + 1], u[4 * i + 3], 0xEE);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(v[i], v[4 + i], 0x20);
+        r[4 + i] = _mm256_permute2f128_ps(v[i], v[4 + i], 0x31);
+    }
+}
+
 #endif

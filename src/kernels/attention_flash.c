@@ -164,7 +164,7 @@ static void round_row_scalar(float *s, int64_t n, mha_dtype dt) {
 
 static const mha_flash_isa isa_scalar = {"scalar",          qk_scalar,      pv_scalar,
                                          row_scores_scalar, row_exp_scalar, round_row_scalar,
-                                         NULL, NULL, NULL, NULL};
+                                         NULL, NULL, NULL, NULL, NULL};
 
 /* ---- packing ----------------------------------------------------------------- */
 
@@ -680,8 +680,11 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
                 acc[c] = fill;
         else
             divide_row(acc, dv, w->l[r]);
-        mha_scatter_f(p->o.data, p->o.dtype, o0 + (i0 + r) * p->o.stride[2], p->o.stride[3], acc,
-                      dv);
+        const int64_t orow = o0 + (i0 + r) * p->o.stride[2];
+        if (p->o.dtype != MHA_F32 && p->o.stride[3] == 1 && pl->isa->narrow_row)
+            pl->isa->narrow_row((uint16_t *)p->o.data + orow, acc, dv, p->o.dtype);
+        else
+            mha_scatter_f(p->o.data, p->o.dtype, orow, p->o.stride[3], acc, dv);
     }
     if (!p->attn_weights.data && !(p->qk.data && p->qk_mode == 3))
         return;

@@ -70,6 +70,10 @@ typedef struct mha_flash_isa {
      * INT32_MAX / NR.  NULL: the driver's per-element loops. */
     void (*gather_panel)(uint32_t *dst, const char *src, int64_t row_bytes, int64_t col_bytes,
                          int64_t n, int64_t cols, float mul);
+    /* dst[0, n) = src[0, n) as the half type dt (MHA_F16 or MHA_BF16),
+     * bit-identical to mha_store_f (convert.h): an output row of a half
+     * tensor.  NULL: the driver's scalar conversion. */
+    void (*narrow_row)(uint16_t *dst, const float *src, int64_t n, mha_dtype dt);
 } mha_flash_isa;
 
 /* The bf16 tile products (vdpbf16ps on AVX512_BF16, or AMX), on bf16

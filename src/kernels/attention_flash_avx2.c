@@ -192,9 +192,20 @@ static float row_exp_avx2(float *s, int64_t n, float m) {
     return _mm_cvtss_f32(s4);
 }
 
+/* 8 float32 bit patterns rounded to bf16 as mha_float_to_bf16 does, in
+ * integer lanes (+ 0x7fff + the lowest kept bit; NaN lanes only get the
+ * quiet bit); the bf16 bits are the top half of each lane. */
+static inline __m256i bf16_round_bits256(__m256i x) {
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs), inf);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_add_epi32(x, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+    return _mm256_blendv_epi8(r, _mm256_or_si256(x, _mm256_set1_epi32(0x400000)), nan);
+}
+
 /* P rounded to half and back, 8 at a time: F16C's round-to-nearest-even
- * conversion for fp16; for bf16 the rounding add of mha_float_to_bf16 in
- * integer lanes (NaN lanes only get the quiet bit).  Tails: the scalar rule. */
+ * conversion for fp16, bf16_round_bits256 for bf16.  Tails: the scalar
+ * rule. */
 static void round_row_avx2(float *s, int64_t n, mha_dtype dt) {
     int64_t j = 0;
     if (dt == MHA_F16) {
@@ -203,20 +214,34 @@ static void round_row_avx2(float *s, int64_t n, mha_dtype dt) {
             _mm256_storeu_ps(s + j, _mm256_cvtph_ps(h));
         }
     } else {
-        const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-        const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
-        const __m256i top = _mm256_set1_epi32((int)0xffff0000u), quiet = _mm256_set1_epi32(0x400000);
+        const __m256i top = _mm256_set1_epi32((int)0xffff0000u);
         for (; j + 8 <= n; j += 8) {
-            __m256i x = _mm256_castps_si256(_mm256_loadu_ps(s + j));
-            __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs), inf);
-            __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), one);
-            __m256i r = _mm256_add_epi32(x, _mm256_add_epi32(bias, lsb));
-            r = _mm256_blendv_epi8(r, _mm256_or_si256(x, quiet), nan);
+            const __m256i r = bf16_round_bits256(_mm256_castps_si256(_mm256_loadu_ps(s + j)));
             _mm256_storeu_ps(s + j, _mm256_castsi256_ps(_mm256_and_si256(r, top)));
         }
     }
     for (; j < n; j++)
         s[j] = mha_round_to(dt, s[j]);
+}
+
+/* See mha_flash_isa.narrow_row: 8 at a time as round_row_avx2 rounds (the
+ * bf16 halves packed by vpackusdw, whose 128-bit lanes vpermq puts back in
+ * order); tails: the scalar rule. */
+static void narrow_row_avx2(uint16_t *dst, const float *src, int64_t n, mha_dtype dt) {
+    int64_t j = 0;
+    if (dt == MHA_F16)
+        for (; j + 8 <= n; j += 8)
+            _mm_storeu_si128((__m128i *)(dst + j),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(src + j), _MM_FROUND_TO_NEAREST_INT));
+    else
+        for (; j + 8 <= n; j += 8) {
+            const __m256i r = _mm256_srli_epi32(
+                bf16_round_bits256(_mm256_castps_si256(_mm256_loadu_ps(src + j))), 16);
+            const __m256i h = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+            _mm_storeu_si128((__m128i *)(dst + j), _mm256_castsi256_si128(h));
+        }
+    for (; j < n; j++)
+        mha_store_f(dst, dt, j, src[j]);
 }
 
 /* Half rows widened 8 at a time: F16C for fp16, a 16-bit shift for bf16. */
@@ -236,7 +261,8 @@ static void widen_row_avx2(float *dst, const uint16_t *src, mha_dtype dt, int64_
 
 const mha_flash_isa mha_flash_isa_avx2 = {"avx2",       qk_avx2,        pv_avx2,
                                           row_scores_avx2, row_exp_avx2, round_row_avx2,
-                                          widen_row_avx2,  NULL,         NULL, NULL};
+                                          widen_row_avx2,  NULL,         NULL, NULL,
+                                          narrow_row_avx2};
 
 double mha_fma_peak_loop_avx2(int64_t iters, double *flops) {
     __m256 acc[12];

@@ -142,7 +142,7 @@ static void gather_panel_avx512(uint32_t *dst, const char *src, int64_t row_byte
 const mha_flash_isa MHA_AVX512_SYMBOL(mha_flash_isa_avx512) = {
     "avx512",         qk_avx512,      pv_avx512,       row_scores_avx512,
     row_exp_avx512,   round_half_row512, widen_row_avx512, pair_rows_avx512,
-    spread_row_avx512, GATHER_PANEL};
+    spread_row_avx512, GATHER_PANEL,  narrow_half_row512};
 
 /* An FMA-bound loop (16 independent 16-lane chains): the peak on CPUs whose
  * AVX-512 doubles the FMA width (Intel server cores); on Zen 4, whose

@@ -235,12 +235,22 @@ static inline __m512 widen_half512(__m256i h, mha_dtype dt) {
                          : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* 16 float32 bit patterns rounded to bf16 as mha_float_to_bf16
+ * (convert.h) does, in integer lanes: + 0x7fff + the lowest kept bit, NaN
+ * lanes only getting the quiet bit (0x00400000) so they stay NaN; the bf16
+ * bits are the top half of each lane (the low half is left as it comes). */
+static inline __m512i bf16_round_bits512(__m512i x) {
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, abs), inf);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(x, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+    return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(x, _mm512_set1_epi32(0x400000)));
+}
+
 /* p (n) rounded in place to the half type dt and back, bit-identical to
  * mha_round_to (convert.h), 16 at a time, the tail under a mask: fp16 by a
  * vcvtps2ph (round to nearest even, subnormals kept) / vcvtph2ps round trip;
- * bf16 by the rounding add of mha_float_to_bf16 in integer lanes (+0x7fff +
- * the lowest kept bit, low half cleared), NaN lanes only getting the quiet
- * bit (0x00400000) so they stay NaN. */
+ * bf16 by bf16_round_bits512 with the low half cleared. */
 static inline void round_half_row512(float *p, int64_t n, mha_dtype dt) {
     if (dt == MHA_F16) {
         for (int64_t j = 0; j < n; j += 16) {
@@ -251,17 +261,27 @@ static inline void round_half_row512(float *p, int64_t n, mha_dtype dt) {
         }
         return;
     }
-    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
-    const __m512i top = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x400000);
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
     for (int64_t j = 0; j < n; j += 16) {
         const __mmask16 k = mask16(n - j);
-        const __m512i x = _mm512_castps_si512(_mm512_maskz_loadu_ps(k, p + j));
-        const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, abs), inf);
-        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), one);
-        __m512i r = _mm512_add_epi32(x, _mm512_add_epi32(bias, lsb));
-        r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(x, quiet));
+        const __m512i r = bf16_round_bits512(_mm512_castps_si512(_mm512_maskz_loadu_ps(k, p + j)));
         _mm512_mask_storeu_ps(p + j, k, _mm512_castsi512_ps(_mm512_and_si512(r, top)));
+    }
+}
+
+/* dst (n) = src (n) as the half type dt, bit-identical to mha_store_f
+ * (convert.h): fp16 by vcvtps2ph (round to nearest even, subnormals kept),
+ * bf16 by bf16_round_bits512; 16 at a time, the tail under a mask. */
+static inline void narrow_half_row512(uint16_t *dst, const float *src, int64_t n, mha_dtype dt) {
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = mask16(n - j);
+        const __m512 x = _mm512_maskz_loadu_ps(k, src + j);
+        if (dt == MHA_F16)
+            _mm256_mask_storeu_epi16(dst + j, k, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+        else
+            _mm256_mask_storeu_epi16(dst + j, k,
+                                     _mm512_cvtepi32_epi16(_mm512_srli_epi32(
+                                         bf16_round_bits512(_mm512_castps_si512(x)), 16)));
     }
 }
 

@@ -135,6 +135,14 @@ static inline simde__m256i emu_cvtps_ph(simde__m512 a, int rounding) {
     memcpy(r.h, &lo, 16), memcpy(r.h + 8, &hi, 16);
     return r.v;
 }
+/* vpmovdw: the low 16 bits of each 32-bit lane (truncation) */
+static inline simde__m256i emu_cvtepi32_epi16(simde__m512i a) {
+    emu_si x = {.v = a};
+    emu_si256 r;
+    for (int i = 0; i < 16; i++)
+        r.h[i] = (uint16_t)x.u[i];
+    return r.v;
+}
 static inline simde__m512i emu_cvtepu16_epi32(simde__m256i a) {
     emu_si256 x = {.v = a};
     emu_si r;
@@ -250,6 +258,8 @@ static inline simde__m512 emu_reduce_ps(simde__m512 a, int imm) {
 #define _mm512_cvtps_ph(a, r) emu_cvtps_ph((a), (r))
 #undef _mm512_cvtepu16_epi32
 #define _mm512_cvtepu16_epi32(a) emu_cvtepu16_epi32(a)
+#undef _mm512_cvtepi32_epi16
+#define _mm512_cvtepi32_epi16(a) emu_cvtepi32_epi16(a)
 
 /* ---- for norm_avx512.c: float <-> double conversions, the upper 8 floats,
  * the double sum */

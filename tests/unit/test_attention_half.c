@@ -232,6 +232,54 @@ TEST(attention_half_mixed_dtypes_and_threads) {
     hdata_free(&x), hdata_free(&y);
 }
 
+/* The output rows of a half tensor (mha_flash_isa.narrow_row): the bits of
+ * mha_store_f for every value kind - zeros, ties, subnormals, overflow to
+ * inf, NaN with payloads (quiet and signalling) - and every tail length,
+ * on the AVX2 loop and, where the CPU runs it, the AVX-512 one. */
+TEST(attention_half_narrow_rows_match_mha_store_f) {
+    if (!mha_cpu_has_avx2_fma())
+        SKIP("no AVX2+FMA+F16C on this CPU");
+    enum { N = 1043 };
+    float *s = malloc(sizeof(float) * N);
+    uint16_t *want = malloc(sizeof(uint16_t) * N), *got = malloc(sizeof(uint16_t) * (N + 8));
+    test_randn(s, N, 777);
+    const uint32_t special[] = {0x00000000u, 0x80000000u, 0x3f800000u, 0x477fe000u, 0x477ff000u,
+                                0x00000001u, 0x00400000u, 0x807fffffu, 0x7f800000u, 0xff800000u,
+                                0x7fc00000u, 0x7f800001u, 0xffc12345u, 0x7fbfffffu, 0x3f808000u,
+                                0x3f818000u, 0x7f7fffffu, 0x33c00000u, 0x34200000u, 0x387fc000u};
+    for (size_t i = 0; i < sizeof special / sizeof *special; i++)
+        memcpy(&s[i], &special[i], 4);
+    for (int i = 40; i < N; i += 3)
+        s[i] *= ldexpf(1.0f, i % 60 - 40); /* a spread of magnitudes */
+    const mha_flash_isa *isas[2] = {&mha_flash_isa_avx2,
+                                    mha_avx512_runs() ? MHA_AVX512_PICK(mha_flash_isa_avx512)
+                                                      : NULL};
+    if (!isas[1])
+        SKIP_PART("AVX-512 narrow_row: no AVX-512 on this CPU");
+    for (int t = 0; t < 2; t++) {
+        const mha_dtype dt = t ? MHA_F16 : MHA_BF16;
+        for (int i = 0; i < N; i++)
+            mha_store_f(want, dt, i, s[i]);
+        for (int a = 0; a < 2; a++) {
+            if (!isas[a])
+                continue;
+            for (int n = N - 17; n <= N; n++) { /* every tail length */
+                for (int i = 0; i < N + 8; i++)
+                    got[i] = 0xabcd;
+                isas[a]->narrow_row(got, s, n, dt);
+                int bad = 0;
+                for (int i = 0; i < n; i++)
+                    if (got[i] != want[i] && bad++ < 3)
+                        test_fail(__FILE__, __LINE__, "%s %s at %d of %d: %a -> 0x%04x, want 0x%04x",
+                                  isas[a]->name, dt_name(dt), i, n, s[i], got[i], want[i]);
+                for (int i = n; i < N + 8; i++)
+                    CHECK(got[i] == 0xabcd); /* nothing past n written */
+            }
+        }
+    }
+    free(s), free(want), free(got);
+}
+
 TEST(attention_half_avx2_round_and_widen_match_scalar) {
     if (!mha_cpu_has_avx2_fma())
         SKIP("no AVX2+FMA+F16C on this CPU");

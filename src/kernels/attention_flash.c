@@ -541,6 +541,21 @@ static void pack_q_tile(const flash_plan *pl, const flash_ws *w, int64_t b, int6
     memset(w->qp + rows * d, 0, sizeof(float) * (size_t)((rowsp - rows) * d));
 }
 
+/* Whether every row of the tile [i0, i0+rows) is plain in the block at j0
+ * (the conditions of run_item's per-row `plain`): all rows see the same
+ * ncg[0] > 0 columns, no bias or softcap, a finite scale > 0. */
+static bool block_is_plain(const flash_plan *pl, int64_t b, int64_t i0, int64_t rows, int64_t j0,
+                           const int64_t *ncg) {
+    const mha_attn_problem *p = pl->p;
+    if (pl->has_bias || p->softcap > 0.0f || !(pl->scale > 0.0f && isfinite(pl->scale)) ||
+        ncg[0] == 0)
+        return false;
+    for (int64_t r = 0; r < rows; r++)
+        if (ncg[r / MR] != ncg[0] || row_lim(p, b, i0 + r, j0, ncg[0]) != ncg[0])
+            return false;
+    return true;
+}
+
 static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t h, int64_t hk,
                      int64_t qb, const float *pair, const bool *vflags) {
     const mha_attn_problem *p = pl->p;
@@ -580,6 +595,12 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
             continue;
         /* P straight into the tile products' bf16 rows: exp and rounding in one pass */
         const bool to_pb = pl->bf16_pv && !p->dropout && !vflags[kb];
+        if (to_pb && pl->dot->softmax_rows && block_is_plain(pl, b, i0, rows, j0, ncg)) {
+            pl->dot->softmax_rows(w->s, BC, rows, ncg[0], pl->scale, fused ? w->rmax : NULL,
+                                  w->m, w->l, w->o, dvp, dvp, w->pb, BC);
+            block_pv(pl, w, rows, vpack + kb * pl->vblock, ncg, true);
+            continue;
+        }
         for (int64_t r = 0; r < rows; r++) {
             const int64_t ng = ncg[r / MR];
             if (ng == 0)

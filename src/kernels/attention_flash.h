@@ -119,6 +119,21 @@ typedef struct mha_flash_bf16 {
      * any is NaN (for scale > 0, max(s) * scale is the max of s * scale). */
     float (*row_exp_bf16)(const float *s, int64_t n, float scale, float m, uint16_t *p);
     float (*row_max)(const float *s, int64_t n);
+    /* The online softmax of a block whose rows are all plain (every row
+     * sees the same n columns; no bias, mask or softcap; scale finite and
+     * > 0), rows r < rows of s (rows lds apart): the max mb = max(s_r) *
+     * scale (rmax[r] * scale where rmax is given and rmax[r] > -inf),
+     * m_new = max(m[r], mb) (NaN if either is); where it moved from a
+     * finite m[r], o's row r (dvp floats, rows ldo apart) and l[r] are
+     * multiplied by expf(m[r] - m_new); then l[r] += row_exp_bf16(s_r, n,
+     * scale, m_new, pb row r (rows ldp apart)), except that P is +0 where
+     * a score is -inf (from infinite inputs: no column is masked).  Rows
+     * with m_new = -inf get s = -0.0 and P = 0.  The driver's per-row
+     * steps in one call, the same m, l and output bits.  NULL: the driver
+     * loops over rows. */
+    void (*softmax_rows)(float *s, int64_t lds, int64_t rows, int64_t n, float scale,
+                         const float *rmax, float *m, float *l, float *o, int64_t ldo,
+                         int64_t dvp, uint16_t *pb, int64_t ldp);
     /* The calling thread's tile configuration and its release (AMX): the
      * products run only between them.  NULL: nothing to set up. */
     void (*tiles_on)(void);
@@ -140,10 +155,13 @@ extern const mha_flash_isa mha_flash_isa_avx2;
 MHA_AVX512_DECLARE(mha_flash_isa, mha_flash_isa_avx512);
 /* The AVX512_BF16 loops (attention_flash_avx512bf16.c; only after
  * mha_avx512_bf16_runs()): mha_flash_bf16_pick() returns them then.  Their
- * row_max and row_exp_bf16 serve the AMX products too. */
+ * row_max, row_exp_bf16 and softmax_rows serve the AMX products too. */
 MHA_AVX512_DECLARE(mha_flash_bf16, mha_flash_bf16_avx512);
 float mha_flash_row_max_avx512(const float *s, int64_t n);
 float mha_flash_row_exp_bf16_avx512(const float *s, int64_t n, float scale, float m, uint16_t *p);
+void mha_flash_softmax_rows_avx512(float *s, int64_t lds, int64_t rows, int64_t n, float scale,
+                                   const float *rmax, float *m, float *l, float *o, int64_t ldo,
+                                   int64_t dvp, uint16_t *pb, int64_t ldp);
 /* The AMX tile products (attention_flash_amx.c; only after
  * mha_cpu_has_amx_bf16(), never emulated). */
 extern const mha_flash_bf16 mha_flash_bf16_amx;

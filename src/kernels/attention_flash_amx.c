@@ -174,6 +174,7 @@ const mha_flash_bf16 mha_flash_bf16_amx = {
     .tile_pv = pv_amx,
     .row_max = mha_flash_row_max_avx512,
     .row_exp_bf16 = mha_flash_row_exp_bf16_avx512,
+    .softmax_rows = mha_flash_softmax_rows_avx512,
     .tiles_on = tiles_on_amx,
     .tiles_off = tiles_off_amx,
 };

@@ -168,7 +168,7 @@ static void pv_bf16_avx512(float *o, int64_t ldo, const uint16_t *p, int64_t ldp
 }
 
 /* max over s[0, n), NaN when any is NaN (16 partial maxima). */
-float MHA_AVX512_SYMBOL(mha_flash_row_max_avx512)(const float *s, int64_t n) {
+static inline __attribute__((always_inline)) float row_max_loop(const float *s, int64_t n) {
     __m512 mx = _mm512_set1_ps(-INFINITY);
     __mmask16 nan = 0;
     for (int64_t j = 0; j < n; j += 16) {
@@ -180,14 +180,19 @@ float MHA_AVX512_SYMBOL(mha_flash_row_max_avx512)(const float *s, int64_t n) {
     return nan ? NAN : _mm512_reduce_max_ps(mx);
 }
 
+float MHA_AVX512_SYMBOL(mha_flash_row_max_avx512)(const float *s, int64_t n) {
+    return row_max_loop(s, n);
+}
+
 /* p = bf16(exp(s * scale - m)), -0.0 where s * scale is -inf, 16 at a
  * time: t = (s * scale - m) * log2(e) as one FMA on folded constants, then
  * exp2_softmax512 (simd_avx512.h), rounded by vcvtneps2bf16 (round to
  * nearest even: mha_float_to_bf16's bits for normal values, zero, -0.0 and NaN; it reads
  * denormals as 0, and results below 2^-126 weigh nothing beside the row
  * sum >= 1); returns the sum of the float32 values. */
-float MHA_AVX512_SYMBOL(mha_flash_row_exp_bf16_avx512)(const float *s, int64_t n, float scale,
-                                                      float m, uint16_t *p) {
+static inline __attribute__((always_inline)) float row_exp_bf16_loop(const float *s, int64_t n,
+                                                                     float scale, float m,
+                                                                     uint16_t *p) {
     const float log2e = 1.44269504088896341f;
     const __m512 ninf = _mm512_set1_ps(-INFINITY), sign = _mm512_set1_ps(-0.0f);
     const __m512 c = _mm512_set1_ps(scale * log2e), cm = _mm512_set1_ps(m * log2e);
@@ -206,6 +211,105 @@ float MHA_AVX512_SYMBOL(mha_flash_row_exp_bf16_avx512)(const float *s, int64_t n
     return _mm512_reduce_add_ps(sum);
 }
 
+float MHA_AVX512_SYMBOL(mha_flash_row_exp_bf16_avx512)(const float *s, int64_t n, float scale,
+                                                      float m, uint16_t *p) {
+    return row_exp_bf16_loop(s, n, scale, m, p);
+}
+
+/* row_max_loop with whole chunks unmasked (the same max: NaN when any is
+ * NaN, else the exact maximum). */
+static inline __attribute__((always_inline)) float row_max_plain(const float *s, int64_t n) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    __mmask16 nan = 0;
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        const __m512 x = _mm512_loadu_ps(s + j);
+        nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+        mx = _mm512_max_ps(mx, x);
+    }
+    if (j < n) {
+        const __mmask16 k = mask16(n - j);
+        const __m512 x = _mm512_maskz_loadu_ps(k, s + j);
+        nan |= _mm512_mask_cmp_ps_mask(k, x, x, _CMP_UNORD_Q);
+        mx = _mm512_mask_max_ps(mx, k, mx, x);
+    }
+    return nan ? NAN : _mm512_reduce_max_ps(mx);
+}
+
+/* row_exp_bf16_loop for plain rows (no masked column, so no -0.0 mark to
+ * keep: an -inf score, only possible from infinite inputs, gets +0, which
+ * exp2_softmax512 gives by itself, and weighs the same in P.V and the sum):
+ * two chunks a step, rounded to bf16 together by one vcvtne2ps2bf16 and
+ * stored unmasked; the P values and the sum (the same adds in the same
+ * order) are row_exp_bf16_loop's. */
+static inline __attribute__((always_inline)) float row_exp_bf16_plain(const float *s, int64_t n,
+                                                                      float scale, float m,
+                                                                      uint16_t *p) {
+    const float log2e = 1.44269504088896341f;
+    const __m512 c = _mm512_set1_ps(scale * log2e), cm = _mm512_set1_ps(m * log2e);
+    __m512 sum = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        const __m512 e0 = exp2_softmax512(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), c, cm));
+        const __m512 e1 = exp2_softmax512(_mm512_fmsub_ps(_mm512_loadu_ps(s + j + 16), c, cm));
+        sum = _mm512_add_ps(_mm512_add_ps(sum, e0), e1);
+        const __m512bh h = _mm512_cvtne2ps_pbh(e1, e0); /* e0 in the low half */
+        __m512i bits;
+        memcpy(&bits, &h, sizeof bits);
+        _mm512_storeu_si512((void *)(p + j), bits);
+    }
+    for (; j < n; j += 16) {
+        const __mmask16 k = mask16(n - j);
+        const __m512 t = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, s + j), c, cm);
+        const __m512 e = _mm512_maskz_mov_ps(k, exp2_softmax512(t));
+        sum = _mm512_add_ps(sum, e);
+        const __m256bh h = _mm512_cvtneps_pbh(e);
+        __m256i bits;
+        memcpy(&bits, &h, sizeof bits);
+        _mm256_mask_storeu_epi16(p + j, k, bits);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+/* See mha_flash_bf16.softmax_rows: the driver's per-row steps for plain
+ * rows (attention_flash.c, run_item), in the same order with the same
+ * operations, so the same bits, without two calls and the driver's
+ * bookkeeping per row. */
+void MHA_AVX512_SYMBOL(mha_flash_softmax_rows_avx512)(float *s, int64_t lds, int64_t rows,
+                                                      int64_t n, float scale, const float *rmax,
+                                                      float *m, float *l, float *o, int64_t ldo,
+                                                      int64_t dvp, uint16_t *pb, int64_t ldp) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *sr = s + r * lds;
+        uint16_t *pr = pb + r * ldp;
+        float mb = rmax ? rmax[r] : -INFINITY; /* the product's max, or the pass */
+        mb = (mb == -INFINITY ? row_max_plain(sr, n) : mb) * scale;
+        const float mold = m[r];
+        const float mnew = (isnan(mold) || isnan(mb)) ? NAN : (mb > mold ? mb : mold);
+        if (mnew == -INFINITY) { /* nothing visible yet */
+            for (int64_t j = 0; j < n; j++)
+                sr[j] = -0.0f;
+            memset(pr, 0, sizeof(uint16_t) * (size_t)n);
+            continue;
+        }
+        if (!(mnew == mold)) {
+            if (mold != -INFINITY) { /* lazy rescale: only when the max moved */
+                const float alpha = expf(mold - mnew);
+                const __m512 va = _mm512_set1_ps(alpha);
+                float *orow = o + r * ldo;
+                for (int64_t c = 0; c < dvp; c += 16) {
+                    const __mmask16 k = mask16(dvp - c);
+                    _mm512_mask_storeu_ps(orow + c, k,
+                                          _mm512_mul_ps(_mm512_maskz_loadu_ps(k, orow + c), va));
+                }
+                l[r] *= alpha;
+            }
+            m[r] = mnew;
+        }
+        l[r] += row_exp_bf16_plain(sr, n, scale, mnew, pr);
+    }
+}
+
 const mha_flash_bf16 MHA_AVX512_SYMBOL(mha_flash_bf16_avx512) = {
     .name = "avx512bf16",
     .d2_align = 1,
@@ -214,4 +318,5 @@ const mha_flash_bf16 MHA_AVX512_SYMBOL(mha_flash_bf16_avx512) = {
     .tile_pv = pv_bf16_avx512,
     .row_max = MHA_AVX512_SYMBOL(mha_flash_row_max_avx512),
     .row_exp_bf16 = MHA_AVX512_SYMBOL(mha_flash_row_exp_bf16_avx512),
+    .softmax_rows = MHA_AVX512_SYMBOL(mha_flash_softmax_rows_avx512),
 };

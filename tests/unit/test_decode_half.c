@@ -27,12 +27,14 @@ typedef struct half_case {
     int64_t B, Hq, Hkv, d, dv, T, W;
 } half_case;
 
-/* Odd shapes: d = 1, d and dv not multiples of 8, G = 1, 3, 4, 6, 9,
- * Hkv = 1, lengths 1, 7, 129, 1000+, a ring of W slots, several splits. */
+/* Odd shapes: d = 1, d and dv not multiples of 8, G = 1, 3, 4, 6, 9, 16,
+ * Hkv = 1, lengths 1, 7, 129, 1000+, a ring of W slots, several splits;
+ * two blocks of 8 heads (G = 16), d = 96 over 1-3 threads. */
 static const half_case CASES[] = {
     {1, 1, 1, 1, 1, 1, 0},        {2, 3, 1, 13, 7, 7, 0},     {1, 8, 2, 128, 128, 129, 0},
     {1, 4, 4, 24, 24, 1000, 0},   {2, 6, 2, 40, 33, 1100, 300}, {1, 12, 2, 64, 64, 1300, 0},
-    {1, 18, 2, 16, 9, 513, 0},    {1, 2, 1, 9, 17, 777, 260},
+    {1, 18, 2, 16, 9, 513, 0},    {1, 2, 1, 9, 17, 777, 260},  {1, 32, 2, 32, 64, 300, 0},
+    {2, 3, 1, 96, 96, 517, 0},
 };
 
 static int64_t held(const half_case *c) { return c->W && c->T > c->W ? c->W : c->T; }

@@ -896,7 +896,7 @@ mha_status mha_attn_fwd_f32_avx2(const mha_attn_problem *p) {
     MHA_CHECK(mha_cpu_has_avx2_fma(), MHA_ERR_UNSUPPORTED,
               "kernel: avx2 requested but this CPU lacks AVX2/FMA");
     if (mha_attn_short_serves(p, MHA_KERNEL_AVX2, false)) /* plain rows that fit: whole rows */
-        return mha_attn_short_run(p, MHA_KERNEL_AVX2);
+        return mha_attn_short_run(p, MHA_KERNEL_AVX2, false);
     return mha_attn_flash_run(p, &mha_flash_isa_avx2, NULL);
 }
 
@@ -905,7 +905,7 @@ mha_status mha_attn_fwd_f32_avx512(const mha_attn_problem *p) {
     const mha_flash_bf16 *dot = mha_flash_bf16_pick();
     const bool bf16_dots = dot && dot == MHA_AVX512_PICK(mha_flash_bf16_avx512);
     if (mha_attn_short_serves(p, MHA_KERNEL_AVX512, bf16_dots)) /* plain rows that fit */
-        return mha_attn_short_run(p, MHA_KERNEL_AVX512);
+        return mha_attn_short_run(p, MHA_KERNEL_AVX512, bf16_dots);
     return mha_attn_flash_run(p, MHA_AVX512_PICK(mha_flash_isa_avx512), dot);
 }
 

@@ -4,6 +4,7 @@
  * problems with it (see attention_short.h).  Letters: L query rows, S keys,
  * H heads, d head width; B batch, Hq query heads, Hkv kv heads. */
 #include "attention_short.h"
+#include "attention_flash.h" /* the ISAs' widen_row / narrow_row */
 
 #include <math.h>
 
@@ -30,7 +31,7 @@ mha_status mha_attn_short_f32_avx2(float *ctx, int64_t ldo, const float *q, cons
                                    int64_t d, float scale, float *ws) {
     MHA_CHECK(mha_cpu_has_avx2_fma(), MHA_ERR_UNSUPPORTED,
               "kernel: avx2 requested but this CPU lacks AVX2/FMA");
-    mha_attn_short_avx2_loop(ctx, ldo, q, k, v, ld, L, S, H, d, scale, -1, ws);
+    mha_attn_short_avx2_loop(ctx, ldo, q, k, v, ld, L, S, H, d, scale, -1, ws, MHA_F32);
     return MHA_OK;
 }
 
@@ -39,7 +40,7 @@ mha_status mha_attn_short_f32_avx512(float *ctx, int64_t ldo, const float *q, co
                                      int64_t H, int64_t d, float scale, float *ws) {
     MHA_TRY(mha_avx512_check());
     (*MHA_AVX512_PICK(mha_attn_short_avx512_loop))(ctx, ldo, q, k, v, ld, L, S, H, d, scale,
-                                                   -1, ws);
+                                                   -1, ws, MHA_F32);
     return MHA_OK;
 }
 
@@ -66,15 +67,25 @@ int64_t mha_attn_short_avx512_max_sd(void) {
     return mha_cpu_l2_bytes() / 16; /* 8 S d bytes <= L2 / 2 */
 }
 
-/* q, k, v and out all float32, or q, k, v bf16 (with bf16_dots) and out
- * float32 or bf16. */
+/* q, k, v and out all float32; q, k, v bf16 (with bf16_dots) and out
+ * float32 or bf16; or q, k, v half to be widened (fp16, or bf16 without
+ * bf16_dots) and out of any float dtype. */
 static bool short_dtypes(const mha_attn_problem *p, bool bf16_dots) {
     const mha_dtype q = p->q.dtype;
     if (q != p->k.dtype || q != p->v.dtype)
         return false;
     if (q == MHA_F32)
         return p->o.dtype == MHA_F32;
-    return q == MHA_BF16 && bf16_dots && (p->o.dtype == MHA_F32 || p->o.dtype == MHA_BF16);
+    if (q == MHA_BF16 && bf16_dots)
+        return p->o.dtype == MHA_F32 || p->o.dtype == MHA_BF16;
+    return q == MHA_F16 || q == MHA_BF16;
+}
+
+/* Whether p's half q, k, v go to the float32 loop widened (not to the
+ * bf16 loop). */
+static bool widened(const mha_attn_problem *p, mha_kernel kernel, bool bf16_dots) {
+    return p->q.dtype != MHA_F32 &&
+           !(p->q.dtype == MHA_BF16 && kernel == MHA_KERNEL_AVX512 && bf16_dots);
 }
 
 bool mha_attn_short_serves(const mha_attn_problem *p, mha_kernel kernel, bool bf16_dots) {
@@ -125,25 +136,55 @@ static int64_t rows_per_item(const mha_attn_problem *p, int nthreads) {
     return rows < 64 ? 64 : rows;
 }
 
-mha_status mha_attn_short_run(const mha_attn_problem *p, mha_kernel kernel) {
-    const bool bf16 = p->q.dtype == MHA_BF16;
+/* n rows of a half tensor (rows ld elements apart, unit column stride)
+ * -> dst (n, d) float32, each row widened exactly by the ISA's widen_row. */
+static void widen_rows(float *dst, const uint16_t *src, int64_t ld, mha_dtype dt, int64_t n,
+                       int64_t d, const mha_flash_isa *isa) {
+    for (int64_t i = 0; i < n; i++)
+        isa->widen_row(dst + i * d, src + i * ld, dt, d);
+}
+
+/* Half q, k, v the bf16 loop does not take (fp16, or bf16 without
+ * bf16_dots) are widened item by item into a per-thread buffer (the item's
+ * q rows, its kv head's K and V rows, float32 out rows when out is half)
+ * and run on the float32 loop with P rounded to v's dtype (p->p_dtype), so
+ * the products and P are the flash driver's on the same half values, the
+ * sums in another order.  Widening per item repeats K and V for each query
+ * head and piece of rows, 1 / (2 rows) of the item's FLOPs; copies of the
+ * whole tensors (34 MiB at B 8 H 8 L 512 d 64, past glibc's largest mmap
+ * threshold) came back as fresh pages on every call, a page fault each 4
+ * KiB: 30 ms a call there against 19 per item (Xeon, 2 threads). */
+mha_status mha_attn_short_run(const mha_attn_problem *p, mha_kernel kernel, bool bf16_dots) {
+    const bool widen = widened(p, kernel, bf16_dots);
+    const bool bf16 = p->q.dtype == MHA_BF16 && !widen;
     const mha_attn_short_fn fn =
         bf16 ? NULL
         : kernel == MHA_KERNEL_AVX512 ? *MHA_AVX512_PICK(mha_attn_short_avx512_loop)
                                       : mha_attn_short_avx2_loop;
     const mha_attn_short_bf16_fn fn16 =
         bf16 ? *MHA_AVX512_PICK(mha_attn_short_bf16_avx512_loop) : NULL;
-    const size_t es = p->o.dtype == MHA_F32 ? 4 : 2;
+    const mha_flash_isa *isa = !widen                        ? NULL
+                               : kernel == MHA_KERNEL_AVX512 ? MHA_AVX512_PICK(mha_flash_isa_avx512)
+                                                             : &mha_flash_isa_avx2;
+    const size_t es = p->o.dtype == MHA_F32 ? 4 : 2, qes = p->q.dtype == MHA_F32 ? 4 : 2;
     const int nthreads = mha_threads();
-    const size_t need = mha_attn_short_scratch_bound(p->S, p->d, nthreads);
+    const int64_t rows = rows_per_item(p, nthreads), pieces = (p->L + rows - 1) / rows;
+    const int64_t d = p->d, half_out = widen && p->o.dtype != MHA_F32;
+    /* the widened item: q (rows, d), k and v (S, d), out (rows, d) if half */
+    const size_t per_widen = widen ? (size_t)round16((2 * p->S + (1 + half_out) * rows) * d) : 0;
+    const size_t need = mha_attn_short_scratch_bound(p->S, d, nthreads);
     const bool planned = p->scratch && p->scratch_bytes >= need;
     float *buf = planned ? p->scratch : mha_malloc(need);
-    if (!buf)
+    float *wbuf = widen ? mha_malloc(sizeof(float) * per_widen * (size_t)nthreads) : NULL;
+    if (!buf || (widen && !wbuf)) {
+        if (!planned)
+            mha_free(buf);
+        mha_free(wbuf);
         return mha_error(MHA_ERR_NOMEM, "attention: cannot allocate %zu bytes of workspace",
-                         need);
-    const int64_t rows = rows_per_item(p, nthreads), pieces = (p->L + rows - 1) / rows;
+                         need + sizeof(float) * per_widen * (size_t)nthreads);
+    }
     const int64_t items = p->B * p->Hq * pieces, G = p->Hq / p->Hkv, ld = p->q.stride[2];
-    const size_t per_thread = (size_t)thread_floats(p->S, p->d);
+    const size_t per_thread = (size_t)thread_floats(p->S, d);
     const bool causal = p->causal != MHA_CAUSAL_NONE;
 
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
@@ -154,20 +195,37 @@ mha_status mha_attn_short_run(const mha_attn_problem *p, mha_kernel kernel) {
         const int64_t ko = b * p->k.stride[0] + hk * p->k.stride[1];
         const int64_t vo = b * p->v.stride[0] + hk * p->v.stride[1];
         const int64_t oo = b * p->o.stride[0] + h * p->o.stride[1] + i0 * p->o.stride[2];
-        float *ws = buf + (size_t)mha_thread_index() * per_thread;
+        const int tid = mha_thread_index();
+        float *ws = buf + (size_t)tid * per_thread;
         /* causal (L = S): rows i0.. see keys 0..i0 + n - 1 only */
         const int64_t diag = causal ? i0 : -1, S = causal ? i0 + n : p->S;
         void *o = (char *)p->o.data + (size_t)oo * es;
-        if (bf16)
-            fn16(o, p->o.dtype, p->o.stride[2], (const uint16_t *)p->q.data + qo,
-                 (const uint16_t *)p->k.data + ko, (const uint16_t *)p->v.data + vo, ld, n, S,
-                 1, p->d, p->scale, diag, ws);
-        else
-            fn(o, p->o.stride[2], (const float *)p->q.data + qo, (const float *)p->k.data + ko,
-               (const float *)p->v.data + vo, ld, n, S, 1, p->d, p->scale, diag, ws);
+        const void *q = (const char *)p->q.data + (size_t)qo * qes;
+        const void *k = (const char *)p->k.data + (size_t)ko * qes;
+        const void *v = (const char *)p->v.data + (size_t)vo * qes;
+        if (bf16) {
+            fn16(o, p->o.dtype, p->o.stride[2], q, k, v, ld, n, S, 1, d, p->scale, diag, ws);
+        } else if (!widen) {
+            fn(o, p->o.stride[2], q, k, v, ld, n, S, 1, d, p->scale, diag, ws, MHA_F32);
+        } else {
+            float *qw = wbuf + (size_t)tid * per_widen, *kw = qw + rows * d, *vw = kw + p->S * d;
+            float *ow = vw + p->S * d;
+            widen_rows(qw, q, ld, p->q.dtype, n, d, isa);
+            widen_rows(kw, k, ld, p->q.dtype, S, d, isa);
+            widen_rows(vw, v, ld, p->q.dtype, S, d, isa);
+            if (!half_out) {
+                fn(o, p->o.stride[2], qw, kw, vw, d, n, S, 1, d, p->scale, diag, ws, p->p_dtype);
+            } else {
+                fn(ow, d, qw, kw, vw, d, n, S, 1, d, p->scale, diag, ws, p->p_dtype);
+                for (int64_t i = 0; i < n; i++)
+                    isa->narrow_row((uint16_t *)o + i * p->o.stride[2], ow + i * d, d,
+                                    p->o.dtype);
+            }
+        }
     }
     if (!planned)
         mha_free(buf);
+    mha_free(wbuf);
     return MHA_OK;
 }
 

@@ -36,6 +36,12 @@
  * whose gain is larger since the products shrink and the flash softmax
  * does not: 1.04-1.7x the flash driver's bf16 forward, 1.5-2.3x the
  * float32 one (B1 H8 L512-4096 d64/128, B32 H12 L128 d32, B8 L512 d64).
+ * Where that twin is not taken (fp16 always; bf16 on CPUs whose vdpbf16ps
+ * is slower than the FMA, and on the avx2 kernel) half q, k, v are widened
+ * item by item to the float32 loops, P rounded to v's dtype as the flash
+ * driver rounds it (mha_attn_short_run): measured on an Intel Xeon without
+ * AMX, 0.52x the flash driver's time at B32 H12 L128 d32 bf16, 0.72x at B8
+ * L512 d64, 0.90-0.96x at S d = 131072 (docs/performance.md).
  * The reference (_ref) is the plain loop; tests/unit/test_attention_short.c
  * checks it against mha_sdpa_forward, the avx2 and avx512 kernels against
  * it, and the bf16 loop against the reference kernel on bf16 tensors.
@@ -80,10 +86,15 @@ void mha_attn_short_f32_ref(float *ctx, int64_t ldo, const float *q, const float
 /* The SIMD loops' signature (their exported pointers): the kernel's, and
  * diag: -1, or causal masking with row i attending to keys 0..diag + i
  * (diag + L <= S: a block of query rows starting at row diag of a causal
- * L = S problem, given the keys 0..diag + L - 1 it can see). */
+ * L = S problem, given the keys 0..diag + L - 1 it can see); p_dtype:
+ * MHA_F32, or the half dtype each row of P is rounded to (relative to the
+ * row's max, after its sum l) for P V: half inputs widened to float32 keep
+ * the P of the flash driver and the reference (v's dtype, as
+ * FlashAttention). */
 typedef void (*mha_attn_short_fn)(float *ctx, int64_t ldo, const float *q, const float *k,
                                   const float *v, int64_t ld, int64_t L, int64_t S,
-                                  int64_t H, int64_t d, float scale, int64_t diag, float *ws);
+                                  int64_t H, int64_t d, float scale, int64_t diag, float *ws,
+                                  mha_dtype p_dtype);
 /* o (dv) = sum over the unmarked keys j < S of p[j] v[j ld] / l: the P V
  * row of a row whose scores hold -inf (an infinite q or k), as the
  * reference computes it, skipping the keys the SIMD loops' softmax marked
@@ -186,21 +197,25 @@ mha_status mha_attn_short_bf16_avx512(void *ctx, mha_dtype out, int64_t ldo, con
 
 /* True when the whole-row loops of kernel (MHA_KERNEL_AVX2 or
  * MHA_KERNEL_AVX512, after its CPU check) serve p better than the flash
- * driver: q, k, v and out float32, or (avx512 only) q, k, v bf16 with out
+ * driver: q, k, v and out float32; or (avx512 only) q, k, v bf16 with out
  * float32 or bf16 when bf16_dots (the caller's word that the flash driver
  * would take the vdpbf16ps products: an AVX512_BF16 CPU without AMX, whose
- * tiles keep bf16); unit column strides and one row stride for q, k and v,
+ * tiles keep bf16); or q, k, v fp16, or bf16 without bf16_dots, with out
+ * of any float dtype: the flash driver would widen them at packing, the
+ * whole rows widen them once up front (mha_attn_short_run); unit column strides and one row stride for q, k and v,
  * d = dv, L = S, no mask, bias, dropout, weights, LSE, sinks or ONNX
  * outputs (causal masking either way is taken: with L = S top-left and
  * bottom-right are the same); and S d up to the kernel's limit, measured
  * (see the top of this file): avx512 524288 (one head's float32 K^T and V
  * up to 2 MiB each), avx2 MHA_ATTN_SHORT_AVX2_MAX_SD. */
 bool mha_attn_short_serves(const mha_attn_problem *p, mha_kernel kernel, bool bf16_dots);
-/* p (mha_attn_short_serves for kernel) on the whole-row loop of kernel and
- * its dtype: items of (batch, query head, rows), as many as the threads
- * want; the caller's scratch when it is large enough, else an allocation.
- * Bits depend on neither the threads nor the items. */
-mha_status mha_attn_short_run(const mha_attn_problem *p, mha_kernel kernel);
+/* p (mha_attn_short_serves for kernel and bf16_dots) on the whole-row loop
+ * of kernel and its dtype: items of (batch, query head, rows), as many as
+ * the threads want; the caller's scratch when it is large enough, else an
+ * allocation.  Half q, k, v the bf16 loop does not take are widened to
+ * float32 copies first (an allocation of their size, and of out's when it
+ * is half).  Bits depend on neither the threads nor the items. */
+mha_status mha_attn_short_run(const mha_attn_problem *p, mha_kernel kernel, bool bf16_dots);
 /* Bytes of the workspace mha_attn_short_run takes for S keys, head width d
  * and nthreads threads (part of mha_attn_scratch_bound). */
 size_t mha_attn_short_scratch_bound(int64_t S, int64_t d, int nthreads);

@@ -39,6 +39,7 @@
  * for bit.
  */
 #include "attention_short.h"
+#include "attention_flash.h" /* mha_flash_isa_avx2.round_row */
 
 #include <math.h>
 
@@ -249,7 +250,7 @@ static void pack_v(float *vp, int64_t Lp, const float *v, int64_t ld, int64_t S,
  * own, the P entries between the two set to zero. */
 static void attn_short_avx2(float *ctx, int64_t ldo, const float *q, const float *k,
                             const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
-                            int64_t d, float scale, int64_t diag, float *ws) {
+                            int64_t d, float scale, int64_t diag, float *ws, mha_dtype p_dtype) {
     const int64_t Lp = (S + PW - 1) / PW * PW;
     /* scores in log2 units: the softmax's e^(x) is 2^(x log2 e) */
     const float scale2 = scale * 1.44269504088896341f;
@@ -277,6 +278,8 @@ static void attn_short_avx2(float *ctx, int64_t ldo, const float *q, const float
             for (int r = 0; r < rows; r++) {
                 lim[r] = diag >= 0 ? diag + i0 + r + 1 : S;
                 l[r] = softmax_row(sr[r], lim[r], &skips[r]);
+                if (p_dtype != MHA_F32) /* the flash loops' rounding; -0.0 marks stay */
+                    mha_flash_isa_avx2.round_row(sr[r], lim[r], p_dtype);
                 for (int64_t j = lim[r]; j < Sb; j++)
                     sr[r][j] = 0.0f;
             }

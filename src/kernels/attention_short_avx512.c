@@ -182,7 +182,7 @@ static void pack_v(float *vp, int64_t Sp, const float *v, int64_t ld, int64_t S,
  * own, the P entries between the two set to zero. */
 static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const float *k,
                               const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
-                              int64_t d, float scale, int64_t diag, float *ws) {
+                              int64_t d, float scale, int64_t diag, float *ws, mha_dtype p_dtype) {
     const int64_t Lp = (S + 2 * NV - 1) / (2 * NV) * (2 * NV);
     /* scores in log2 units: the softmax's e^(x) is 2^(x log2 e) */
     const float scale2 = scale * 1.44269504088896341f;
@@ -210,6 +210,8 @@ static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const flo
             for (int r = 0; r < rows; r++) {
                 lim[r] = diag >= 0 ? diag + i0 + r + 1 : S;
                 l[r] = softmax_row(sr[r], lim[r], &skips[r]);
+                if (p_dtype != MHA_F32) /* -0.0 marks stay -0.0 */
+                    round_half_row512(sr[r], lim[r], p_dtype);
                 for (int64_t j = lim[r]; j < Sb; j++)
                     sr[r][j] = 0.0f;
             }

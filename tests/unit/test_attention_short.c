@@ -526,22 +526,27 @@ static bool bf16_rows_run(void) {
            mha_attn_short_serves(&p, MHA_KERNEL_AVX512, true);
 }
 
-/* bf16 copies of r's q, k and v (same layout and strides) in *buf, and a
- * bf16 out of r's shape in *obuf. */
-static void rows_to_bf16(const rows_data *r, const rows_case *rc, uint16_t **buf,
+/* Half (dt) copies of r's q, k and v, times 1.5 (same layout and
+ * strides) in *buf, and a half out of r's shape in *obuf. */
+static void rows_to_half(const rows_data *r, const rows_case *rc, mha_dtype dt, uint16_t **buf,
                          uint16_t **obuf, mha_tensor t[4]) {
     const size_t n = (size_t)(rc->B * rc->L * (rc->Hq + 2 * rc->Hkv) * rc->d);
     const size_t no = (size_t)(rc->B * rc->Hq * rc->L * rc->d);
     *buf = malloc(sizeof(uint16_t) * n);
     *obuf = malloc(sizeof(uint16_t) * no);
     for (size_t e = 0; e < n; e++)
-        (*buf)[e] = mha_float_to_bf16(r->qkv[e] * 1.5f);
+        mha_store_f(*buf, dt, (int64_t)e, r->qkv[e] * 1.5f);
     const mha_tensor *src[4] = {&r->q, &r->k, &r->v, &r->o};
     for (int i = 0; i < 4; i++) {
         t[i] = *src[i];
-        t[i].dtype = MHA_BF16;
+        t[i].dtype = dt;
         t[i].data = i < 3 ? (void *)(*buf + ((const float *)src[i]->data - r->qkv)) : *obuf;
     }
+}
+
+static void rows_to_bf16(const rows_data *r, const rows_case *rc, uint16_t **buf,
+                         uint16_t **obuf, mha_tensor t[4]) {
+    rows_to_half(r, rc, MHA_BF16, buf, obuf, t);
 }
 
 /* bf16 problems go to the bf16 loop where the avx512 kernel has it: odd
@@ -581,8 +586,8 @@ TEST(attention_short_bf16_serves_sdpa) {
         mha_attn_problem p;
         REQUIRE_OK(mha_sdpa_problem_init(&p, &t[0], &t[1], &t[2], &r.o, &opt));
         CHECK(mha_attn_short_serves(&p, MHA_KERNEL_AVX512, true));
-        /* without the vdpbf16ps products: flash */
-        CHECK(!mha_attn_short_serves(&p, MHA_KERNEL_AVX512, false));
+        /* without the vdpbf16ps products: widened to the float32 loop */
+        CHECK(mha_attn_short_serves(&p, MHA_KERNEL_AVX512, false));
         REQUIRE_OK(mha_sdpa_problem_init(&p, &t[0], &t[1], &t[2], &t[3], &opt));
         CHECK(mha_attn_short_serves(&p, MHA_KERNEL_AVX512, true));
         opt.kernel = MHA_KERNEL_REF;
@@ -698,4 +703,106 @@ TEST(attention_short_bf16_skips_and_declines) {
                  MHA_ERR_DTYPE);
     free(buf), free(o16);
     rows_free(&r);
+}
+
+/* ---- half q, k, v widened to the float32 loop (attention_short.c, run_widened) -- */
+
+/* fp16, and bf16 where the vdpbf16ps loop is not taken, go to the float32
+ * whole rows widened once, P rounded to v's dtype relative to each row's
+ * max as the reference rounds it: odd shapes, GQA, interleaved heads,
+ * plain and causal, against the reference kernel on the same half values
+ * (normalised, test_rel_err): <= 5e-4 with out float32 (float32 sum order
+ * and exp ulps; a weight near a rounding boundary of P can go the other
+ * way); out half adds its own rounding: <= 4.5e-3 (bf16), 1e-3 (fp16).
+ * P really is rounded: for bf16 the errors sum to under a tenth of those
+ * against the reference on the widened values (P float32); fp16's
+ * rounding (2^-12 of a weight) is as large as the flips an exp one ulp
+ * apart causes at rounding boundaries (causal rows of few keys: up to
+ * 1.2e-4 here), so it is not told apart this way (the rounding itself is
+ * the flash loops' round_row, tested there).  Bit-identical for 1 and 3
+ * threads. */
+static void half_widened_on(mha_kernel kernel) {
+    static const rows_case cases[] = {
+        {1, 1, 1, 1, 1, false},   {2, 3, 3, 7, 5, false},   {1, 2, 2, 17, 16, true},
+        {3, 4, 2, 37, 33, false}, {2, 6, 3, 130, 32, true}, {1, 2, 1, 64, 80, false},
+        {4, 3, 3, 9, 1, true},    {2, 12, 12, 128, 32, true},
+    };
+    const mha_dtype dts[2] = {MHA_BF16, MHA_F16};
+    const char *names[2] = {"bf16", "fp16"};
+    const int threads = mha_get_num_threads();
+    for (int di = 0; di < 2; di++) {
+        const mha_dtype dt = dts[di];
+        const char *name = names[di];
+        double worst = 0, worst16 = 0, sum = 0, sum_raw = 0;
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+            const rows_case *rc = &cases[i];
+            const size_t n = (size_t)(rc->B * rc->L * (rc->Hq + 2 * rc->Hkv) * rc->d);
+            const size_t no = (size_t)(rc->B * rc->Hq * rc->L * rc->d);
+            rows_data r;
+            rows_make(&r, rc, 2100 + i);
+            uint16_t *buf, *o16;
+            mha_tensor t[4];
+            rows_to_half(&r, rc, dt, &buf, &o16, t);
+            float *raw = malloc(sizeof(float) * no);
+            REQUIRE(buf && o16 && raw);
+            mha_sdpa_options opt;
+            mha_sdpa_options_init(&opt);
+            opt.causal = causal_of(i);
+            mha_attn_problem p;
+            REQUIRE_OK(mha_sdpa_problem_init(&p, &t[0], &t[1], &t[2], &r.o, &opt));
+            CHECK(mha_attn_short_serves(&p, kernel, false));
+            REQUIRE_OK(mha_sdpa_problem_init(&p, &t[0], &t[1], &t[2], &t[3], &opt));
+            CHECK(mha_attn_short_serves(&p, kernel, false));
+            opt.kernel = MHA_KERNEL_REF;
+            REQUIRE_OK(mha_sdpa_forward(&r.o_ref, &t[0], &t[1], &t[2], &opt));
+            for (size_t e = 0; e < n; e++) /* the half values, float32: P unrounded */
+                r.qkv[e] = mha_load_f(buf, dt, (int64_t)e);
+            mha_tensor oraw = r.o_ref;
+            oraw.data = raw;
+            REQUIRE_OK(mha_sdpa_forward(&oraw, &r.q, &r.k, &r.v, &opt));
+            opt.kernel = kernel;
+            mha_set_num_threads(1);
+            REQUIRE_OK(mha_sdpa_forward(&r.o, &t[0], &t[1], &t[2], &opt));
+            const double e = test_rel_err(r.got, r.want, no), er = test_rel_err(r.got, raw, no);
+            worst = e > worst ? e : worst, sum += e, sum_raw += er;
+            if (!(e <= 5e-4))
+                test_fail(__FILE__, __LINE__, "%s widened rows case %zu (L %lld d %lld): %.3g",
+                          name, i, (long long)rc->L, (long long)rc->d, e);
+            CHECK(e > 0 || rc->L == 1); /* a real comparison */
+            float *one = malloc(sizeof(float) * no);
+            REQUIRE(one);
+            memcpy(one, r.got, sizeof(float) * no);
+            mha_set_num_threads(3);
+            REQUIRE_OK(mha_sdpa_forward(&r.o, &t[0], &t[1], &t[2], &opt));
+            CHECK(memcmp(one, r.got, sizeof(float) * no) == 0);
+            mha_set_num_threads(1);
+            REQUIRE_OK(mha_sdpa_forward(&t[3], &t[0], &t[1], &t[2], &opt));
+            for (size_t e2 = 0; e2 < no; e2++)
+                r.got[e2] = mha_load_f(o16, dt, (int64_t)e2);
+            const double e16 = test_rel_err(r.got, r.want, no);
+            worst16 = e16 > worst16 ? e16 : worst16;
+            CHECK(e16 <= (dt == MHA_BF16 ? 4.5e-3 : 1e-3));
+            mha_set_num_threads(threads);
+            free(one), free(raw), free(buf), free(o16);
+            rows_free(&r);
+        }
+        if (dt == MHA_BF16) /* fp16's 2^-12 is the size of the exp's boundary flips */
+            CHECK(sum <= 0.1 * sum_raw);
+        printf("  %s widened whole rows (%s) vs reference: out f32 %.2e (bound 5e-4; P unrounded "
+               "%.2e), out %s %.2e\n",
+               name, mha_kernel_name(kernel), worst,
+               sum_raw / (double)(sizeof cases / sizeof *cases), name, worst16);
+    }
+}
+
+TEST(attention_short_half_widened_on_avx2) {
+    if (!mha_cpu_has_avx2_fma())
+        SKIP("no AVX2+FMA on this CPU");
+    half_widened_on(MHA_KERNEL_AVX2);
+}
+
+TEST(attention_short_half_widened_on_avx512) {
+    if (!mha_avx512_runs())
+        SKIP("avx512: this CPU lacks AVX-512 and the test library has no emulation");
+    half_widened_on(MHA_KERNEL_AVX512);
 }

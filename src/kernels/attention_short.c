@@ -169,9 +169,11 @@ mha_status mha_attn_short_run(const mha_attn_problem *p, mha_kernel kernel, bool
     const size_t es = p->o.dtype == MHA_F32 ? 4 : 2, qes = p->q.dtype == MHA_F32 ? 4 : 2;
     const int nthreads = mha_threads();
     const int64_t rows = rows_per_item(p, nthreads), pieces = (p->L + rows - 1) / rows;
-    const int64_t d = p->d, half_out = widen && p->o.dtype != MHA_F32;
+    const int64_t d = p->d;
+    const bool half_out = widen && p->o.dtype != MHA_F32;
     /* the widened item: q (rows, d), k and v (S, d), out (rows, d) if half */
-    const size_t per_widen = widen ? (size_t)round16((2 * p->S + (1 + half_out) * rows) * d) : 0;
+    const size_t per_widen =
+        widen ? (size_t)round16((2 * p->S + (half_out ? 2 : 1) * rows) * d) : 0;
     const size_t need = mha_attn_short_scratch_bound(p->S, d, nthreads);
     const bool planned = p->scratch && p->scratch_bytes >= need;
     float *buf = planned ? p->scratch : mha_malloc(need);

@@ -201,8 +201,9 @@ mha_status mha_attn_short_bf16_avx512(void *ctx, mha_dtype out, int64_t ldo, con
  * float32 or bf16 when bf16_dots (the caller's word that the flash driver
  * would take the vdpbf16ps products: an AVX512_BF16 CPU without AMX, whose
  * tiles keep bf16); or q, k, v fp16, or bf16 without bf16_dots, with out
- * of any float dtype: the flash driver would widen them at packing, the
- * whole rows widen them once up front (mha_attn_short_run); unit column strides and one row stride for q, k and v,
+ * of any float dtype (the flash driver would widen them at packing; the
+ * whole rows widen them item by item, mha_attn_short_run); unit column
+ * strides and one row stride for q, k and v,
  * d = dv, L = S, no mask, bias, dropout, weights, LSE, sinks or ONNX
  * outputs (causal masking either way is taken: with L = S top-left and
  * bottom-right are the same); and S d up to the kernel's limit, measured
@@ -212,9 +213,10 @@ bool mha_attn_short_serves(const mha_attn_problem *p, mha_kernel kernel, bool bf
 /* p (mha_attn_short_serves for kernel and bf16_dots) on the whole-row loop
  * of kernel and its dtype: items of (batch, query head, rows), as many as
  * the threads want; the caller's scratch when it is large enough, else an
- * allocation.  Half q, k, v the bf16 loop does not take are widened to
- * float32 copies first (an allocation of their size, and of out's when it
- * is half).  Bits depend on neither the threads nor the items. */
+ * allocation.  Half q, k, v the bf16 loop does not take are widened item
+ * by item into per-thread float32 rows (one more allocation: q, K, V and,
+ * for a half out, out rows of one item per thread) and P is rounded to v's
+ * dtype.  Bits depend on neither the threads nor the items. */
 mha_status mha_attn_short_run(const mha_attn_problem *p, mha_kernel kernel, bool bf16_dots);
 /* Bytes of the workspace mha_attn_short_run takes for S keys, head width d
  * and nthreads threads (part of mha_attn_scratch_bound). */

@@ -67,6 +67,12 @@ typedef struct mha_bwd_isa {
      * src[r*rs + x] for r < w <= NR, zero for w <= r < NR; panel 64-byte
      * aligned.  NULL: the driver's one-float loop. */
     void (*transpose_rows)(float *panel, const float *src, int64_t rs, int64_t w, int64_t k);
+    /* gemm on 2*MR rows, c (2*MR, np*NR), for np <= 2 panels (head dims up
+     * to 32), where MR rows would leave most accumulator registers idle;
+     * each element the same FMA chain as gemm's.  NULL: the driver calls
+     * gemm twice. */
+    void (*gemm_tall)(float *c, int64_t ldc, const float *a, int64_t rsa, int64_t csa,
+                      const float *b, int64_t pstride, int64_t k, int64_t np, bool acc);
 } mha_bwd_isa;
 
 /* Fused tiles: recomputes P from lse per (query tile, key block), never

@@ -119,4 +119,5 @@ static void transpose_rows_avx2(float *panel, const float *src, int64_t rs, int6
     }
 }
 
-const mha_bwd_isa mha_bwd_isa_avx2 = {"avx2", gemm_avx2, row_grad_avx2, transpose_rows_avx2};
+const mha_bwd_isa mha_bwd_isa_avx2 = {"avx2", gemm_avx2, row_grad_avx2, transpose_rows_avx2,
+                                      NULL};

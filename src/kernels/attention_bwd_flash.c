@@ -14,15 +14,18 @@
  * 2. Query tiles of BR rows: Q and dO packed once (rows and NR-column
  *    panels).  Tasks (b, kv head, split): a split is a fixed contiguous range
  *    of key blocks.  Per key block: pack K^T, V^T and K panels; then for each
- *    query head of the group and each query tile, through the ISA's one
- *    register-blocked product (A read through a row and a column stride):
+ *    query head of the group and each query tile, through the ISA's
+ *    register-blocked product (A read through a row and a column stride;
+ *    twelve rows at a time where d, dv <= 32 and the ISA has gemm_tall):
  *    S = Q K^T, dP = dO V^T; per row P = exp(scale s + bias - lse), Z the
  *    dropout factor, dS = P (Z dP - D) (row_grad); dV_blk += (P Z)^T dO,
  *    dK_blk += dS^T Q (A = the tile read transposed), dQ_part += dS K.
  *    dK/dV of the block are then added to the caller's (the task owns those
  *    rows); dQ goes to the split's own partial buffer.
  * 3. dq += scale * the sum over splits of the partial buffers (dS K,
- *    unscaled), in split order.
+ *    unscaled), in split order; with one split (B*Hkv >= 16 pairs) each
+ *    task sums its heads' dQ in its thread's workspace and adds it to dq
+ *    when it ends (the same operations, without the (B*Hq*L, dp) buffer).
  * The number of splits depends only on the problem size (enough tasks for
  * small B*Hkv), never on the thread count; every task runs the same code
  * wherever it lands, so results are bit-identical for any thread count.
@@ -140,6 +143,12 @@ _Static_assert(BC % MR == 0 && BC % NR == 0, "a key block is whole row groups an
  * result depends on the chunk. */
 #define TILE_BUDGET_BYTES ((size_t)1 << 20)
 
+/* With one split a task owns every dQ row of its G heads: they are summed in
+ * the thread's workspace (up to this size) and added to dq when the task
+ * ends, instead of a (B*Hq*L, dp) partial buffer zeroed, filled and read
+ * back in a last pass (three trips to memory: at B32 H12 L128 d32 6 MiB). */
+#define DQ_TASK_BUDGET_BYTES ((size_t)256 << 10)
+
 /* c (MR, np*NR) (+)= a (MR, k) . b (np, k, NR); see mha_bwd_isa.gemm. */
 static void gemm_scalar(float *c, int64_t ldc, const float *a, int64_t rsa, int64_t csa,
                         const float *b, int64_t pstride, int64_t k, int64_t np, bool acc) {
@@ -174,7 +183,7 @@ static void row_grad_scalar(float *s, float *dp, int64_t n, int64_t lim, float s
     }
 }
 
-static const mha_bwd_isa isa_scalar = {"scalar", gemm_scalar, row_grad_scalar, NULL};
+static const mha_bwd_isa isa_scalar = {"scalar", gemm_scalar, row_grad_scalar, NULL, NULL};
 
 /* The same product skipping a == 0, so a NaN/Inf in b (a key, query or dO
  * row that only masked entries touch) never meets a zero weight.  Used only
@@ -212,6 +221,7 @@ typedef struct bwd_ws {
     float *dp;   /* (BR, BC)  dP, then dS                              */
     float *bias; /* (BC)      one row's additive bias                  */
     float *dq;   /* (MR, dp)  dS K of a tile's last, partial row group  */
+    float *dqt;  /* (G*L, dp) the task's dQ / scale (dq_task), else empty */
 } bwd_ws;
 
 typedef struct bwd_ctx {
@@ -220,6 +230,7 @@ typedef struct bwd_ctx {
     const mha_bwd_isa *isa;
     const float *lse, *delta; /* (B*Hq*L) row statistics                     */
     float *dq_part;           /* (nsplit, B*Hq*L, dp) dQ / scale partials    */
+    bool dq_task;             /* one split: dQ summed per task (bwd_ws.dqt)  */
     float *tiles;             /* (chunk*G, ntile, tile_floats) packed Q and dO
                                  of the heads bh0.. of the chunk of pairs   */
     int64_t bh0;
@@ -231,12 +242,15 @@ typedef struct bwd_ctx {
 
 static size_t ws_layout(const bwd_ctx *c, float *base, bwd_ws *w) {
     const int64_t d = c->p->d, dv = c->p->dv, dp = c->dp, dvp = c->dvp;
-    const size_t sizes[9] = {(size_t)(BC * d),   (size_t)(BC * dv),  (size_t)(dp * BC),
-                             (size_t)(BC * dp),  (size_t)(BC * dvp), (size_t)(BR * BC),
-                             (size_t)(BR * BC),  BC,                 (size_t)(MR * dp)};
-    float **dst[9] = {&w->kt, &w->vt, &w->kp, &w->dk, &w->dv, &w->s, &w->dp, &w->bias, &w->dq};
+    const int64_t dqt = c->dq_task ? (c->p->Hq / c->p->Hkv) * c->p->L * dp : 0;
+    const size_t sizes[10] = {(size_t)(BC * d),   (size_t)(BC * dv),  (size_t)(dp * BC),
+                              (size_t)(BC * dp),  (size_t)(BC * dvp), (size_t)(BR * BC),
+                              (size_t)(BR * BC),  BC,                 (size_t)(MR * dp),
+                              (size_t)dqt};
+    float **dst[10] = {&w->kt, &w->vt, &w->kp,   &w->dk, &w->dv,
+                       &w->s,  &w->dp, &w->bias, &w->dq, &w->dqt};
     size_t off = 0;
-    for (int i = 0; i < 9; i++) {
+    for (int i = 0; i < 10; i++) {
         if (base)
             *dst[i] = base + off;
         off += (sizes[i] + 15) / 16 * 16;
@@ -403,9 +417,10 @@ static void pack_tile(const bwd_ctx *c, int64_t bh, int64_t qt) {
 }
 
 /* One query tile [i0, i0+nr) of head h against the packed key block
- * [j0, j0+nc): adds into w->dk, w->dv and the split's dQ partial. */
+ * [j0, j0+nc): adds into w->dk, w->dv and dq_head (L, dp), head h's rows
+ * of dQ / scale (NULL: dQ not wanted). */
 static void tile_backward(const bwd_ctx *c, bwd_ws *w, int64_t b, int64_t h, int64_t i0,
-                          int64_t nr, int64_t j0, int64_t nc, bool kfinite, float *dq_part) {
+                          int64_t nr, int64_t j0, int64_t nc, bool kfinite, float *dq_head) {
     const mha_attn_problem *p = c->p;
     const mha_bwd_isa *isa = c->isa;
     const int64_t d = p->d, dvd = p->dv, dp = c->dp, dvp = c->dvp;
@@ -460,27 +475,42 @@ static void tile_backward(const bwd_ctx *c, bwd_ws *w, int64_t b, int64_t h, int
      * dQ_tile = dS K.  A block or tile holding a non-finite value takes the
      * zero-skipping loop, so masked entries never multiply it. */
     const int64_t ncvp = round_up(ncv, MR);
+    const bool tall = isa->gemm_tall && dp <= 2 * NR && dvp <= 2 * NR; /* d, dv <= 32 */
     for (int64_t k0 = 0; k0 < ncvp; k0 += MR) {
+        if (tall && ofinite && qfinite && k0 + 2 * MR <= ncvp) { /* 2 groups at once */
+            isa->gemm_tall(w->dv + k0 * dvp, dvp, w->s + k0, 1, BC, t.dop, BR * NR, nr,
+                           dvp / NR, true);
+            isa->gemm_tall(w->dk + k0 * dp, dp, w->dp + k0, 1, BC, t.qp, BR * NR, nr, dp / NR,
+                           true);
+            k0 += MR;
+            continue;
+        }
         (ofinite ? isa->gemm : gemm_skip_zero)(w->dv + k0 * dvp, dvp, w->s + k0, 1, BC, t.dop,
                                                 BR * NR, nr, dvp / NR, true);
         (qfinite ? isa->gemm : gemm_skip_zero)(w->dk + k0 * dp, dp, w->dp + k0, 1, BC, t.qp,
                                                 BR * NR, nr, dp / NR, true);
     }
-    if (!dq_part)
+    if (!dq_head)
         return;
-    /* a whole group of MR rows accumulates into its rows of the partial
+    /* a whole group of MR rows accumulates into its rows of dq_head
      * (the product loads and stores them); a last group with rows past nr
      * (zero dS rows, whose stores would reach the next head's rows, which
      * another task may be updating) goes through w->dq, and its real rows
      * are added */
     const int64_t whole = nr / MR * MR;
     for (int64_t g0 = 0; g0 < nrp; g0 += MR) {
-        float *dst = g0 < whole ? dq_part + (row0 + i0 + g0) * dp : w->dq;
+        if (tall && kfinite && g0 + 2 * MR <= whole) {
+            isa->gemm_tall(dq_head + (i0 + g0) * dp, dp, w->dp + g0 * BC, BC, 1, w->kp,
+                           BC * NR, ncv, dp / NR, true);
+            g0 += MR;
+            continue;
+        }
+        float *dst = g0 < whole ? dq_head + (i0 + g0) * dp : w->dq;
         (kfinite ? isa->gemm : gemm_skip_zero)(dst, dp, w->dp + g0 * BC, BC, 1, w->kp, BC * NR,
                                                 ncv, dp / NR, g0 < whole);
     }
     for (int64_t r = whole; r < nr; r++) {
-        float *restrict dst = dq_part + (row0 + i0 + r) * dp;
+        float *restrict dst = dq_head + (i0 + r) * dp;
         const float *restrict src = w->dq + (r - whole) * dp;
 #pragma omp simd
         for (int64_t x = 0; x < d; x++)
@@ -507,13 +537,53 @@ static void add_rows(const mha_tensor *t, int64_t b, int64_t h, int64_t j0, int6
     }
 }
 
+/* dq row r (= (b*Hq + h)*L + i) += scale * the sum of nsplit partial rows
+ * (part, part + split_stride, ...), in split order. */
+static void add_dq_row(const bwd_ctx *c, int64_t r, const float *part, int64_t nsplit,
+                       size_t split_stride) {
+    const mha_attn_problem *p = c->p;
+    const mha_tensor *dq = &c->g->dq;
+    const int64_t i = r % p->L, h = (r / p->L) % p->Hq, b = r / (p->L * p->Hq);
+    const int64_t cs = dq->stride[3];
+    float *restrict dqr = (float *)dq->data + b * dq->stride[0] + h * dq->stride[1] +
+                          i * dq->stride[2];
+    if (cs == 1) { /* the same sums, 64 columns at a time in SIMD lanes */
+        for (int64_t x0 = 0; x0 < p->d; x0 += 64) {
+            const int64_t nx = p->d - x0 < 64 ? p->d - x0 : 64;
+            float acc[64] = {0};
+            for (int64_t s = 0; s < nsplit; s++) {
+                const float *restrict ps = part + (size_t)s * split_stride + x0;
+#pragma omp simd
+                for (int64_t x = 0; x < nx; x++)
+                    acc[x] += ps[x];
+            }
+#pragma omp simd
+            for (int64_t x = 0; x < nx; x++)
+                dqr[x0 + x] += p->scale * acc[x];
+        }
+        return;
+    }
+    for (int64_t x = 0; x < p->d; x++) { /* each element summed in split order */
+        float acc = 0.0f;
+        for (int64_t s = 0; s < nsplit; s++)
+            acc += part[(size_t)s * split_stride + x];
+        dqr[x * cs] += p->scale * acc;
+    }
+}
+
 /* Task (b, kv head hk, split): key blocks [lo, hi). */
 static void task_backward(const bwd_ctx *c, bwd_ws *w, int64_t b, int64_t hk, int64_t split) {
     const mha_attn_problem *p = c->p;
     const mha_attn_grad *g = c->g;
     const int64_t d = p->d, dvd = p->dv, G = p->Hq / p->Hkv, dp = c->dp, dvp = c->dvp;
     const int64_t lo = c->nblk * split / c->nsplit, hi = c->nblk * (split + 1) / c->nsplit;
-    float *dq_part = c->dq_part ? c->dq_part + split * (p->B * p->Hq * p->L * dp) : NULL;
+    /* dQ / scale of head h: rows (L, dp) from dq_rows + (h - hk*G) * L * dp */
+    float *dq_rows = c->dq_part ? c->dq_part + (split * p->B * p->Hq + (b * p->Hq + hk * G)) *
+                                                   p->L * dp
+                   : c->dq_task ? w->dqt
+                                : NULL;
+    if (c->dq_task)
+        memset(w->dqt, 0, sizeof(float) * (size_t)(G * p->L * dp));
     const float *kbase = (const float *)p->k.data + b * p->k.stride[0] + hk * p->k.stride[1];
     const float *vbase = (const float *)p->v.data + b * p->v.stride[0] + hk * p->v.stride[1];
 
@@ -534,13 +604,17 @@ static void task_backward(const bwd_ctx *c, bwd_ws *w, int64_t b, int64_t hk, in
                 const int64_t nr = p->L - i0 < BR ? p->L - i0 : BR;
                 if (p->causal != MHA_CAUSAL_NONE && j0 > i0 + nr - 1 + mha_attn_offset(p, b))
                     continue; /* the whole tile is above the diagonal */
-                tile_backward(c, w, b, h, i0, nr, j0, nc, kfinite, dq_part);
+                tile_backward(c, w, b, h, i0, nr, j0, nc, kfinite,
+                              dq_rows ? dq_rows + (h - hk * G) * p->L * dp : NULL);
             }
         if (g->dk.data)
             add_rows(&g->dk, b, hk, j0, nc, d, p->scale, w->dk, dp);
         if (g->dv.data)
             add_rows(&g->dv, b, hk, j0, nc, dvd, 1.0f, w->dv, dvp);
     }
+    if (c->dq_task)
+        for (int64_t r = 0; r < G * p->L; r++)
+            add_dq_row(c, (b * p->Hq + hk * G) * p->L + r, w->dqt + r * dp, 1, 0);
 }
 
 mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad *g,
@@ -563,6 +637,10 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
         if (c.nsplit > c.nblk)
             c.nsplit = c.nblk;
     }
+
+    c.dq_task = g->dq.data && c.nsplit == 1 &&
+                (double)(p->Hq / p->Hkv) * (double)p->L * (double)c.dp * sizeof(float) <=
+                    (double)DQ_TASK_BUDGET_BYTES;
 
     /* one allocation: lse, delta (rows each), thread workspace, packed
      * query tiles of a chunk of pairs, dQ partials */
@@ -588,7 +666,7 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
                   !__builtin_add_overflow(n_part, n_ws, &total) &&
                   !__builtin_add_overflow(total, 2 * (size_t)rows + 16, &total),
               MHA_ERR_OVERFLOW, "attention backward: workspace size overflows");
-    if (!g->dq.data)
+    if (!g->dq.data || c.dq_task)
         total -= n_part, n_part = 0;
     float *buf = mha_malloc(sizeof(float) * total);
     if (!buf)
@@ -656,39 +734,11 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
         }
     }
 
-    if (g->dq.data) { /* dq += sum of the split partials, in split order */
-        float *dq = g->dq.data;
+    if (c.dq_part) { /* dq += sum of the split partials, in split order */
+        const size_t split_stride = (size_t)rows * (size_t)c.dp;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            int64_t i = r % p->L, h = (r / p->L) % p->Hq, b = r / (p->L * p->Hq);
-            const int64_t q0 = b * g->dq.stride[0] + h * g->dq.stride[1] + i * g->dq.stride[2];
-            const int64_t cs = g->dq.stride[3];
-            const float *restrict part = c.dq_part + r * c.dp;
-            float *restrict dqr = dq + q0;
-            const size_t split_stride = (size_t)rows * (size_t)c.dp;
-            if (cs == 1) { /* the same sums, 64 columns at a time in SIMD lanes */
-                for (int64_t x0 = 0; x0 < p->d; x0 += 64) {
-                    const int64_t nx = p->d - x0 < 64 ? p->d - x0 : 64;
-                    float acc[64] = {0};
-                    for (int64_t s = 0; s < c.nsplit; s++) {
-                        const float *restrict ps = part + (size_t)s * split_stride + x0;
-#pragma omp simd
-                        for (int64_t x = 0; x < nx; x++)
-                            acc[x] += ps[x];
-                    }
-#pragma omp simd
-                    for (int64_t x = 0; x < nx; x++)
-                        dqr[x0 + x] += p->scale * acc[x];
-                }
-                continue;
-            }
-            for (int64_t x = 0; x < p->d; x++) { /* each element summed in split order */
-                float acc = 0.0f;
-                for (int64_t s = 0; s < c.nsplit; s++)
-                    acc += part[(size_t)s * split_stride + x];
-                dqr[x * cs] += p->scale * acc;
-            }
-        }
+        for (int64_t r = 0; r < rows; r++)
+            add_dq_row(&c, r, c.dq_part + r * c.dp, c.nsplit, split_stride);
     }
     mha_free(buf);
     return MHA_OK;

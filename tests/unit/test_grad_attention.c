@@ -373,7 +373,8 @@ TEST(grad_sdpa_fused_tiles_and_threads) {
 /* The register-blocked backward on shapes around its tiles (48 query rows,
  * 192 keys, 6x16 register blocks): L and S one off a tile (S = 191, 193),
  * a partial last group of 6 rows (L = 49, 95, 97, 61), d = 1, d and dv
- * past 16, GQA, every mask kind, dropout, every causal alignment, each
+ * past 16, GQA, every mask kind, dropout, every causal alignment, enough
+ * (b, kv head) pairs for one split (dQ summed per task), each
  * kernel against the reference and bit-identical for 1, 2, 3, 7 threads;
  * then NaN/Inf planted in masked keys, values, a fully masked query row and
  * its dout must leave every gradient finite and equal to the clean run's. */
@@ -386,6 +387,10 @@ TEST(grad_sdpa_blocked_odd_shapes) {
         {2, 2, 2, 48, 289, 7, 5, MHA_CAUSAL_OFFSET, 140, 3, 2, 1, 0, 0, 1},
         {1, 6, 3, 61, 113, 65, 3, MHA_CAUSAL_NONE, 0, 2, 0, 1, 0, 1, 0},
         {1, 2, 2, 95, 193, 32, 32, MHA_CAUSAL_NONE, 0, 0, 0, 0, 0, 0, 0},
+        /* B*Hkv >= 16 pairs: one split, dQ summed per task (G = 2, a
+         * partial last row group, 12-row products at d, dv <= 32) */
+        {8, 4, 2, 37, 50, 24, 20, MHA_CAUSAL_NONE, 0, 0, 0, 0, 0, 0, 0},
+        {17, 1, 1, 61, 200, 32, 32, MHA_CAUSAL_TOP_LEFT, 0, 0, 1, 0, 0, 0, 1},
     };
     const mha_kernel *kinds = FUSED;
     double worst = 0.0;
@@ -467,6 +472,58 @@ TEST(grad_sdpa_blocked_odd_shapes) {
             free3(dirty);
     }
     case_free(&t);
+}
+
+/* Gradients written through strided views (every other float of a larger
+ * buffer, so rows and elements are both strided): the same bits as into
+ * contiguous tensors, the floats between them untouched.  Two shapes: one
+ * split with dQ summed per task (B*Hkv = 16), and several splits. */
+TEST(grad_sdpa_strided_gradients) {
+    static const grad_cfg cfgs[] = {
+        {4, 8, 4, 30, 40, 20, 12, MHA_CAUSAL_NONE, 0, 0, 0, 0, 0, 0, 0},
+        {1, 2, 1, 50, 400, 20, 12, MHA_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 0, 0, 0, 0},
+    };
+    const float guard = -777.0f;
+    for (size_t x = 0; x < sizeof cfgs / sizeof *cfgs; x++) {
+        grad_case t;
+        case_make(&t, &cfgs[x], 950 + x);
+        for (int kk = 0; kk < 3; kk++) {
+            if (!bwd_runs(FUSED[kk]))
+                continue;
+            mha_tensor g[3], v[3];
+            REQUIRE_OK(grads(&t, FUSED[kk], g, 0)); /* statistics recomputed, as below */
+            const mha_tensor *in[3] = {&t.q, &t.k, &t.v};
+            float *buf[3];
+            for (int y = 0; y < 3; y++) {
+                const int64_t *sh = in[y]->shape, n = numel(in[y]);
+                buf[y] = malloc(sizeof(float) * (size_t)(2 * n));
+                for (int64_t e = 0; e < 2 * n; e++)
+                    buf[y][e] = e % 2 ? guard : 0.0f;
+                mha_tensor_init(&v[y], MHA_F32, buf[y], 4, sh);
+                v[y].stride[3] = 2, v[y].stride[2] = 2 * sh[3], v[y].stride[1] = 2 * sh[3] * sh[2],
+                v[y].stride[0] = 2 * sh[3] * sh[2] * sh[1];
+            }
+            mha_sdpa_options o = t.opt;
+            o.kernel = FUSED[kk];
+            REQUIRE_OK(mha_sdpa_backward(&v[0], &v[1], &v[2], &t.dout, NULL, NULL, &t.q, &t.k,
+                                         &t.v, &o));
+            size_t differ = 0, guards = 0;
+            for (int y = 0; y < 3; y++) {
+                const float *gd = g[y].data;
+                for (int64_t e = 0; e < numel(in[y]); e++) {
+                    differ += memcmp(&buf[y][2 * e], &gd[e], sizeof(float)) != 0;
+                    guards += buf[y][2 * e + 1] != guard;
+                }
+                free(buf[y]);
+            }
+            CHECK(differ == 0 && guards == 0);
+            if (differ || guards)
+                printf("  config %zu %s: %zu elements differ from contiguous, %zu guards hit\n",
+                       x, mha_kernel_name(FUSED[kk]), differ, guards);
+            free3(g);
+        }
+        case_free(&t);
+    }
 }
 
 /* The accumulate rule: a second call adds the same gradients again; NULL

@@ -41,6 +41,9 @@ static const bwd512_cfg CASES[] = {
     {2, 2, 2, 100, 150, 8, 5, MHA_CAUSAL_OFFSET, 30, 0, 1, 0},
     /* dropout and softcap with a mask: scalar epilogue, AVX-512 products */
     {1, 3, 1, 20, 40, 24, 24, MHA_CAUSAL_NONE, 0, 1, 0, 1},
+    /* 16 (b, kv head) pairs, one split: dQ summed per task; 12-row products
+     * (d, dv <= 32) on 37 rows (three groups of 12 and one row) */
+    {8, 4, 2, 37, 50, 32, 17, MHA_CAUSAL_NONE, 0, 0, 0, 0},
 };
 
 typedef struct bwd512_case {

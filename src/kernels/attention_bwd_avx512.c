@@ -26,7 +26,7 @@
 
 #include <math.h>
 
-#include "simd_avx512.h" /* block6_avx512, mask16, exp512 */
+#include "simd_avx512.h" /* block_avx512, panels6_avx512, mask16, exp512 */
 
 enum { MR = MHA_BWD_MR, NR = MHA_BWD_NR };
 _Static_assert(MR == 6 && NR == 16, "block6_avx512 is 6 rows x 16-column panels");
@@ -46,56 +46,22 @@ static void gemm_avx512(float *c, int64_t ldc, const float *a, int64_t rsa, int6
         panels6_avx512(c, ldc, acc, a, rsa, csa, b, pstride, k, np);
 }
 
-/* c (12, np*16) (+)= a (12, k) . np panels of b (k, 16), np = 1 or 2 (a
- * constant once inlined), a(r, x) = a[r*rsa + x*csa]: twelve rows, so that
- * the narrow products of d, dv <= 32 (dV, dK, dQ at d = 32: two panels)
- * keep 24 accumulators where block6_avx512 keeps 12; per step 2 panel loads
- * + 12 broadcasts per 24 FMAs.  Every element is the same FMA chain in step
- * order as block6_avx512's (and the AVX2 loop's). */
-static inline __attribute__((always_inline)) void
-block12_avx512(float *c, int64_t ldc, bool acc, const float *a, int64_t rsa, int64_t csa,
-               const float *b, int64_t pstride, int64_t k, const int np) {
-    __m512 s[12][2];
-#pragma GCC unroll 12
-    for (int r = 0; r < 12; r++)
-#pragma GCC unroll 2
-        for (int t = 0; t < np; t++)
-            s[r][t] = acc ? _mm512_loadu_ps(c + r * ldc + t * 16) : _mm512_setzero_ps();
-    for (int64_t x = 0; x < k; x++) {
-        const float *ax = a + x * csa;
-        __m512 bt[2];
-#pragma GCC unroll 2
-        for (int t = 0; t < np; t++)
-            bt[t] = _mm512_load_ps(b + t * pstride + x * 16);
-#pragma GCC unroll 12
-        for (int r = 0; r < 12; r++) {
-            const __m512 av = _mm512_set1_ps(ax[r * rsa]);
-#pragma GCC unroll 2
-            for (int t = 0; t < np; t++)
-                s[r][t] = _mm512_fmadd_ps(av, bt[t], s[r][t]);
-        }
-    }
-#pragma GCC unroll 12
-    for (int r = 0; r < 12; r++)
-#pragma GCC unroll 2
-        for (int t = 0; t < np; t++)
-            _mm512_storeu_ps(c + r * ldc + t * 16, s[r][t]);
-}
-
-/* See mha_bwd_isa.gemm_tall: the two strides the driver passes (rsa = 1: P^T
- * or dS^T, the twelve rows adjacent; csa = 1: dS row-major) as constants,
- * so the twelve broadcasts are one pointer with immediate offsets or three
- * row-stride multiples (no spilled row pointers). */
+/* See mha_bwd_isa.gemm_tall: block_avx512 on 12 rows x 1 or 2 panels (24
+ * accumulators at 2, where 6 rows keep 12), with the two strides the driver
+ * passes (rsa = 1: P^T or dS^T, the twelve rows adjacent; csa = 1: dS
+ * row-major) as constants, so the twelve broadcasts are one pointer with
+ * immediate offsets or a few row-stride multiples (no spilled row
+ * pointers).  The same FMA chain per element as gemm_avx512's. */
 static void gemm_tall_avx512(float *c, int64_t ldc, const float *a, int64_t rsa, int64_t csa,
                              const float *b, int64_t pstride, int64_t k, int64_t np, bool acc) {
     if (rsa == 1 && np == 2)
-        block12_avx512(c, ldc, acc, a, 1, csa, b, pstride, k, 2);
+        block_avx512(c, ldc, acc, a, 1, csa, b, pstride, k, 12, 2);
     else if (rsa == 1)
-        block12_avx512(c, ldc, acc, a, 1, csa, b, pstride, k, 1);
+        block_avx512(c, ldc, acc, a, 1, csa, b, pstride, k, 12, 1);
     else if (csa == 1 && np == 2)
-        block12_avx512(c, ldc, acc, a, rsa, 1, b, pstride, k, 2);
+        block_avx512(c, ldc, acc, a, rsa, 1, b, pstride, k, 12, 2);
     else if (csa == 1)
-        block12_avx512(c, ldc, acc, a, rsa, 1, b, pstride, k, 1);
+        block_avx512(c, ldc, acc, a, rsa, 1, b, pstride, k, 12, 1);
     else {
         gemm_avx512(c, ldc, a, rsa, csa, b, pstride, k, np, acc);
         gemm_avx512(c + 6 * ldc, ldc, a + 6 * rsa, rsa, csa, b, pstride, k, np, acc);

@@ -21,20 +21,21 @@
 
 /* ---- the attention products' register block ---------------------------------- */
 
-/* c (6, np*16) rows ldc apart (+)= a (6, steps) . np panels of b (steps, 16),
- * a(r, x) = a[r*rsa + x*csa], panel t at b + t*bstep with its rows 16 floats
- * apart; load_c: the sums start from c, else from 0.  np = 4, 2 or 1, a
- * constant once inlined, so the arrays unroll into 24, 12 or 6 ZMM
- * accumulators (at 4: 4 panel loads + 6 broadcasts per 24 FMAs, 29 of 32
- * registers).  Every element is one FMA chain in step order whatever np:
- * the forward (attention_flash_avx512.c) and the five products of the
- * backward (attention_bwd_avx512.c) both run it. */
+/* c (rows, np*16) rows ldc apart (+)= a (rows, steps) . np panels of b
+ * (steps, 16), a(r, x) = a[r*rsa + x*csa], panel t at b + t*bstep with its
+ * rows 16 floats apart; load_c: the sums start from c, else from 0.  rows
+ * and np are constants once inlined (rows * np <= 24), so the arrays unroll
+ * into ZMM accumulators: 6 x 4, 6 x 2, 6 x 1 (block6_avx512; at 4: 4 panel
+ * loads + 6 broadcasts per 24 FMAs, 29 of 32 registers) or 12 x 2 for the
+ * backward's narrow products.  Every element is one FMA chain in step order
+ * whatever the shape: the forward (attention_flash_avx512.c) and the five
+ * products of the backward (attention_bwd_avx512.c) both run it. */
 static inline __attribute__((always_inline)) void
-block6_avx512(float *c, int64_t ldc, int load_c, const float *a, int64_t rsa, int64_t csa,
-              const float *b, int64_t bstep, int64_t steps, const int np) {
-    __m512 acc[6][4];
-#pragma GCC unroll 6
-    for (int r = 0; r < 6; r++)
+block_avx512(float *c, int64_t ldc, int load_c, const float *a, int64_t rsa, int64_t csa,
+             const float *b, int64_t bstep, int64_t steps, const int rows, const int np) {
+    __m512 acc[12][4];
+#pragma GCC unroll 12
+    for (int r = 0; r < rows; r++)
 #pragma GCC unroll 4
         for (int t = 0; t < np; t++)
             acc[r][t] = load_c ? _mm512_loadu_ps(c + r * ldc + t * 16) : _mm512_setzero_ps();
@@ -44,19 +45,26 @@ block6_avx512(float *c, int64_t ldc, int load_c, const float *a, int64_t rsa, in
 #pragma GCC unroll 4
         for (int t = 0; t < np; t++)
             bt[t] = _mm512_load_ps(b + t * bstep + x * 16);
-#pragma GCC unroll 6
-        for (int r = 0; r < 6; r++) {
+#pragma GCC unroll 12
+        for (int r = 0; r < rows; r++) {
             const __m512 av = _mm512_set1_ps(ax[r * rsa]);
 #pragma GCC unroll 4
             for (int t = 0; t < np; t++)
                 acc[r][t] = _mm512_fmadd_ps(av, bt[t], acc[r][t]);
         }
     }
-#pragma GCC unroll 6
-    for (int r = 0; r < 6; r++)
+#pragma GCC unroll 12
+    for (int r = 0; r < rows; r++)
 #pragma GCC unroll 4
         for (int t = 0; t < np; t++)
             _mm512_storeu_ps(c + r * ldc + t * 16, acc[r][t]);
+}
+
+/* Six rows: c (6, np*16) (+)= a (6, steps) . np panels, np = 4, 2 or 1. */
+static inline __attribute__((always_inline)) void
+block6_avx512(float *c, int64_t ldc, int load_c, const float *a, int64_t rsa, int64_t csa,
+              const float *b, int64_t bstep, int64_t steps, const int np) {
+    block_avx512(c, ldc, load_c, a, rsa, csa, b, bstep, steps, 6, np);
 }
 
 /* block6_avx512 over npanels panels: blocks of 4 panels, then 2, then 1. */

@@ -537,16 +537,21 @@ static void add_rows(const mha_tensor *t, int64_t b, int64_t h, int64_t j0, int6
     }
 }
 
-/* dq row r (= (b*Hq + h)*L + i) += scale * the sum of nsplit partial rows
- * (part, part + split_stride, ...), in split order. */
-static void add_dq_row(const bwd_ctx *c, int64_t r, const float *part, int64_t nsplit,
-                       size_t split_stride) {
+/* dq row i of head (b, h) += scale * the sum of nsplit partial rows (part,
+ * part + split_stride, ...), in split order. */
+static void add_dq_row(const bwd_ctx *c, int64_t b, int64_t h, int64_t i, const float *part,
+                       int64_t nsplit, size_t split_stride) {
     const mha_attn_problem *p = c->p;
     const mha_tensor *dq = &c->g->dq;
-    const int64_t i = r % p->L, h = (r / p->L) % p->Hq, b = r / (p->L * p->Hq);
     const int64_t cs = dq->stride[3];
     float *restrict dqr = (float *)dq->data + b * dq->stride[0] + h * dq->stride[1] +
                           i * dq->stride[2];
+    if (cs == 1 && nsplit == 1) { /* the same operations as below, acc = 0 + part */
+#pragma omp simd
+        for (int64_t x = 0; x < p->d; x++)
+            dqr[x] += p->scale * (0.0f + part[x]);
+        return;
+    }
     if (cs == 1) { /* the same sums, 64 columns at a time in SIMD lanes */
         for (int64_t x0 = 0; x0 < p->d; x0 += 64) {
             const int64_t nx = p->d - x0 < 64 ? p->d - x0 : 64;
@@ -612,9 +617,10 @@ static void task_backward(const bwd_ctx *c, bwd_ws *w, int64_t b, int64_t hk, in
         if (g->dv.data)
             add_rows(&g->dv, b, hk, j0, nc, dvd, 1.0f, w->dv, dvp);
     }
-    if (c->dq_task)
-        for (int64_t r = 0; r < G * p->L; r++)
-            add_dq_row(c, (b * p->Hq + hk * G) * p->L + r, w->dqt + r * dp, 1, 0);
+    if (c->dq_task) /* (index arithmetic, no divisions: they had been most of this) */
+        for (int64_t h = hk * G; h < (hk + 1) * G; h++)
+            for (int64_t i = 0; i < p->L; i++)
+                add_dq_row(c, b, h, i, w->dqt + ((h - hk * G) * p->L + i) * dp, 1, 0);
 }
 
 mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad *g,
@@ -738,7 +744,8 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
         const size_t split_stride = (size_t)rows * (size_t)c.dp;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
         for (int64_t r = 0; r < rows; r++)
-            add_dq_row(&c, r, c.dq_part + r * c.dp, c.nsplit, split_stride);
+            add_dq_row(&c, r / (p->L * p->Hq), (r / p->L) % p->Hq, r % p->L,
+                       c.dq_part + r * c.dp, c.nsplit, split_stride);
     }
     mha_free(buf);
     return MHA_OK;

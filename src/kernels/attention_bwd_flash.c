@@ -623,6 +623,32 @@ static void task_backward(const bwd_ctx *c, bwd_ws *w, int64_t b, int64_t hk, in
                 add_dq_row(c, b, h, i, w->dqt + ((h - hk * G) * p->L + i) * dp, 1, 0);
 }
 
+/* Row i of head (b, h) from what the forward saved: *lse (non-NULL) its
+ * saved log-sum-exp; *delta (non-NULL) = dO_i . O_i in float64. */
+static void saved_row_stats(const mha_attn_grad *g, int64_t dv, int64_t b, int64_t h, int64_t i,
+                            float *lse, float *delta) {
+    if (lse)
+        *lse = ((const float *)g->lse.data)[b * g->lse.stride[0] + h * g->lse.stride[1] +
+                                            i * g->lse.stride[2]];
+    if (!delta)
+        return;
+    const float *o = g->out.data, *dO = g->dout.data;
+    const int64_t o0 = b * g->out.stride[0] + h * g->out.stride[1] + i * g->out.stride[2];
+    const int64_t d0 = b * g->dout.stride[0] + h * g->dout.stride[1] + i * g->dout.stride[2];
+    const int64_t so = g->out.stride[3], sd = g->dout.stride[3];
+    double D = 0.0;
+    if (so == 1 && sd == 1) { /* in SIMD lanes: one chain of dependent double
+                                 adds per row had been 5 % of a d = 32
+                                 backward */
+#pragma omp simd reduction(+ : D)
+        for (int64_t x = 0; x < dv; x++)
+            D += (double)o[o0 + x] * (double)dO[d0 + x];
+    } else
+        for (int64_t x = 0; x < dv; x++)
+            D += (double)o[o0 + x * so] * (double)dO[d0 + x * sd];
+    *delta = (float)D;
+}
+
 mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad *g,
                                   const mha_bwd_isa *isa) {
     const int64_t rows = p->B * p->Hq * p->L, pairs = p->B * p->Hkv;
@@ -692,29 +718,20 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
         mha_free(buf);
         return st;
     }
+    enum { ROWS_PER_STEP = 64 }; /* (b, h, i) divided out once per 64 rows */
+    const int64_t saved_rows = have_lse || have_out ? rows : 0;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t i = r % p->L, h = (r / p->L) % p->Hq, b = r / (p->L * p->Hq);
-        if (have_lse)
-            lse[r] = ((const float *)g->lse.data)[b * g->lse.stride[0] + h * g->lse.stride[1] +
-                                                  i * g->lse.stride[2]];
-        if (have_out) {
-            const float *o = g->out.data, *dO = g->dout.data;
-            const int64_t o0 = b * g->out.stride[0] + h * g->out.stride[1] + i * g->out.stride[2];
-            const int64_t d0 =
-                b * g->dout.stride[0] + h * g->dout.stride[1] + i * g->dout.stride[2];
-            const int64_t so = g->out.stride[3], sd = g->dout.stride[3];
-            double D = 0.0;
-            if (so == 1 && sd == 1) { /* in SIMD lanes: one chain of dependent
-                                         double adds per row had been 5 % of
-                                         a d = 32 backward */
-#pragma omp simd reduction(+ : D)
-                for (int64_t x = 0; x < p->dv; x++)
-                    D += (double)o[o0 + x] * (double)dO[d0 + x];
-            } else
-                for (int64_t x = 0; x < p->dv; x++)
-                    D += (double)o[o0 + x * so] * (double)dO[d0 + x * sd];
-            delta[r] = (float)D;
+    for (int64_t r0 = 0; r0 < saved_rows; r0 += ROWS_PER_STEP) {
+        int64_t i = r0 % p->L, h = (r0 / p->L) % p->Hq, b = r0 / (p->L * p->Hq);
+        const int64_t r1 = saved_rows - r0 < ROWS_PER_STEP ? saved_rows : r0 + ROWS_PER_STEP;
+        for (int64_t r = r0; r < r1; r++) {
+            saved_row_stats(g, p->dv, b, h, i, have_lse ? lse + r : NULL,
+                            have_out ? delta + r : NULL);
+            if (++i == p->L) { /* the next head's first row */
+                i = 0;
+                if (++h == p->Hq)
+                    h = 0, b++;
+            }
         }
     }
     c.lse = lse, c.delta = delta;

@@ -31,7 +31,8 @@ mha_status mha_attn_short_f32_avx2(float *ctx, int64_t ldo, const float *q, cons
                                    int64_t d, float scale, float *ws) {
     MHA_CHECK(mha_cpu_has_avx2_fma(), MHA_ERR_UNSUPPORTED,
               "kernel: avx2 requested but this CPU lacks AVX2/FMA");
-    mha_attn_short_avx2_loop(ctx, ldo, q, k, v, ld, L, S, H, d, scale, -1, ws, MHA_F32);
+    mha_attn_short_avx2_loop(ctx, ldo, q, k, v, ld, L, S, H, d, scale, -1, ws, MHA_F32, NULL,
+                             0);
     return MHA_OK;
 }
 
@@ -40,7 +41,7 @@ mha_status mha_attn_short_f32_avx512(float *ctx, int64_t ldo, const float *q, co
                                      int64_t H, int64_t d, float scale, float *ws) {
     MHA_TRY(mha_avx512_check());
     (*MHA_AVX512_PICK(mha_attn_short_avx512_loop))(ctx, ldo, q, k, v, ld, L, S, H, d, scale,
-                                                   -1, ws, MHA_F32);
+                                                   -1, ws, MHA_F32, NULL, 0);
     return MHA_OK;
 }
 
@@ -103,7 +104,12 @@ bool mha_attn_short_serves(const mha_attn_problem *p, mha_kernel kernel, bool bf
     const bool plain = !p->mask.data && !p->kpm.data && diagonal &&
                        !p->dropout && !p->attn_weights.data && p->softcap <= 0.0f &&
                        !p->window && !p->kv_len.data && !p->alibi.data && !p->sinks.data &&
-                       !p->lse.data && !p->qk.data && !p->softmax_f64 && !p->onnx_scale;
+                       !p->qk.data && !p->softmax_f64 && !p->onnx_scale;
+    /* the log-sum-exp (a training forward's) from the float32 loops; the
+     * bf16 twin does not write it */
+    const bool bf16_twin = p->q.dtype != MHA_F32 && !widened(p, kernel, bf16_dots);
+    if (p->lse.data && bf16_twin)
+        return false;
     const bool shaped = p->L == p->S && p->d == p->dv && p->q.stride[2] == p->k.stride[2] &&
                         p->k.stride[2] == p->v.stride[2];
     /* both measured faster than the flash tiles up to their bound
@@ -197,6 +203,9 @@ mha_status mha_attn_short_run(const mha_attn_problem *p, mha_kernel kernel, bool
         const int64_t ko = b * p->k.stride[0] + hk * p->k.stride[1];
         const int64_t vo = b * p->v.stride[0] + hk * p->v.stride[1];
         const int64_t oo = b * p->o.stride[0] + h * p->o.stride[1] + i0 * p->o.stride[2];
+        float *lse = p->lse.data ? (float *)p->lse.data + b * p->lse.stride[0] +
+                                       h * p->lse.stride[1] + i0 * p->lse.stride[2]
+                                 : NULL;
         const int tid = mha_thread_index();
         float *ws = buf + (size_t)tid * per_thread;
         /* causal (L = S): rows i0.. see keys 0..i0 + n - 1 only */
@@ -208,7 +217,8 @@ mha_status mha_attn_short_run(const mha_attn_problem *p, mha_kernel kernel, bool
         if (bf16) {
             fn16(o, p->o.dtype, p->o.stride[2], q, k, v, ld, n, S, 1, d, p->scale, diag, ws);
         } else if (!widen) {
-            fn(o, p->o.stride[2], q, k, v, ld, n, S, 1, d, p->scale, diag, ws, MHA_F32);
+            fn(o, p->o.stride[2], q, k, v, ld, n, S, 1, d, p->scale, diag, ws, MHA_F32, lse,
+               p->lse.stride[2]);
         } else {
             float *qw = wbuf + (size_t)tid * per_widen, *kw = qw + rows * d, *vw = kw + p->S * d;
             float *ow = vw + p->S * d;
@@ -216,9 +226,11 @@ mha_status mha_attn_short_run(const mha_attn_problem *p, mha_kernel kernel, bool
             widen_rows(kw, k, ld, p->q.dtype, S, d, isa);
             widen_rows(vw, v, ld, p->q.dtype, S, d, isa);
             if (!half_out) {
-                fn(o, p->o.stride[2], qw, kw, vw, d, n, S, 1, d, p->scale, diag, ws, p->p_dtype);
+                fn(o, p->o.stride[2], qw, kw, vw, d, n, S, 1, d, p->scale, diag, ws, p->p_dtype,
+                   lse, p->lse.stride[2]);
             } else {
-                fn(ow, d, qw, kw, vw, d, n, S, 1, d, p->scale, diag, ws, p->p_dtype);
+                fn(ow, d, qw, kw, vw, d, n, S, 1, d, p->scale, diag, ws, p->p_dtype, lse,
+                   p->lse.stride[2]);
                 for (int64_t i = 0; i < n; i++)
                     isa->narrow_row((uint16_t *)o + i * p->o.stride[2], ow + i * d, d,
                                     p->o.dtype);

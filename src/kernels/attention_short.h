@@ -42,6 +42,10 @@
  * driver rounds it (mha_attn_short_run): measured on an Intel Xeon without
  * AMX, 0.52x the flash driver's time at B32 H12 L128 d32 bf16, 0.72x at B8
  * L512 d64, 0.90-0.96x at S d = 131072 (docs/performance.md).
+ * A training forward's log-sum-exp (opt.lse, which the backward reads) comes
+ * from each row's max and sum (mha_attn_short_lse) on the float32 loops,
+ * so those forwards take whole rows too (the bf16 twin leaves them to the
+ * flash driver).
  * The reference (_ref) is the plain loop; tests/unit/test_attention_short.c
  * checks it against mha_sdpa_forward, the avx2 and avx512 kernels against
  * it, and the bf16 loop against the reference kernel on bf16 tensors.
@@ -90,11 +94,21 @@ void mha_attn_short_f32_ref(float *ctx, int64_t ldo, const float *q, const float
  * MHA_F32, or the half dtype each row of P is rounded to (relative to the
  * row's max, after its sum l) for P V: half inputs widened to float32 keep
  * the P of the flash driver and the reference (v's dtype, as
- * FlashAttention). */
+ * FlashAttention); lse: NULL, or (H = 1 only) row i's natural log-sum-exp
+ * of its scaled scores at lse[i * lse_ld] (mha_attn_short_lse), what the
+ * flash driver saves for the backward. */
 typedef void (*mha_attn_short_fn)(float *ctx, int64_t ldo, const float *q, const float *k,
                                   const float *v, int64_t ld, int64_t L, int64_t S,
                                   int64_t H, int64_t d, float scale, int64_t diag, float *ws,
-                                  mha_dtype p_dtype);
+                                  mha_dtype p_dtype, float *lse, int64_t lse_ld);
+
+/* The natural log-sum-exp of a whole-row softmax from its max m and sum l =
+ * sum_j 2^(s_j - m) in log2 units (scores times log2 e): ln 2 (m + log2 l);
+ * -inf when every key was skipped (m = -inf, l = 0), NaN when m is (as the
+ * flash driver's m + log l). */
+static inline float mha_attn_short_lse(float m, float l) {
+    return (m + log2f(l)) * 0.693147180559945309f;
+}
 /* o (dv) = sum over the unmarked keys j < S of p[j] v[j ld] / l: the P V
  * row of a row whose scores hold -inf (an infinite q or k), as the
  * reference computes it, skipping the keys the SIMD loops' softmax marked

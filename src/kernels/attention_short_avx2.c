@@ -171,9 +171,9 @@ static void context_rows(float *const orow[R], const float *const pr[R], const f
 
 /* s (S) = 2^(s - max s) in place (s: scores times log2(e), so this is the
  * softmax's e^x), -0.0f (the mark of a skipped key) where s is -inf;
- * returns the sum and sets *skips when some key is marked.  Lanes past S
- * are neither read nor written. */
-static float softmax_row(float *s, int64_t S, bool *skips) {
+ * returns the sum, sets *max to the max and *skips when some key is
+ * marked.  Lanes past S are neither read nor written. */
+static float softmax_row(float *s, int64_t S, bool *skips, float *max) {
     const __m256 ninf = _mm256_set1_ps(-INFINITY), sign = _mm256_set1_ps(-0.0f);
     __m256 mx = ninf;
     int64_t j = 0;
@@ -183,7 +183,8 @@ static float softmax_row(float *s, int64_t S, bool *skips) {
     if (j < S) /* a NaN may or may not win: its row comes out NaN either way */
         mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, _mm256_maskload_ps(s + j, tail),
                                                 _mm256_castsi256_ps(tail)));
-    const __m256 vm = _mm256_set1_ps(hmax256(mx));
+    *max = hmax256(mx);
+    const __m256 vm = _mm256_set1_ps(*max);
     __m256 sum = _mm256_setzero_ps(), marked = _mm256_setzero_ps();
     for (j = 0; j < S; j += NV) {
         const bool part = S - j < NV;
@@ -250,7 +251,8 @@ static void pack_v(float *vp, int64_t Lp, const float *v, int64_t ld, int64_t S,
  * own, the P entries between the two set to zero. */
 static void attn_short_avx2(float *ctx, int64_t ldo, const float *q, const float *k,
                             const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
-                            int64_t d, float scale, int64_t diag, float *ws, mha_dtype p_dtype) {
+                            int64_t d, float scale, int64_t diag, float *ws, mha_dtype p_dtype,
+                            float *lse, int64_t lse_ld) {
     const int64_t Lp = (S + PW - 1) / PW * PW;
     /* scores in log2 units: the softmax's e^(x) is 2^(x log2 e) */
     const float scale2 = scale * 1.44269504088896341f;
@@ -277,7 +279,10 @@ static void attn_short_avx2(float *ctx, int64_t ldo, const float *q, const float
             int64_t lim[R]; /* keys row r sees */
             for (int r = 0; r < rows; r++) {
                 lim[r] = diag >= 0 ? diag + i0 + r + 1 : S;
-                l[r] = softmax_row(sr[r], lim[r], &skips[r]);
+                float m;
+                l[r] = softmax_row(sr[r], lim[r], &skips[r], &m);
+                if (lse)
+                    lse[(i0 + r) * lse_ld] = mha_attn_short_lse(m, l[r]);
                 if (p_dtype != MHA_F32) /* the flash loops' rounding; -0.0 marks stay */
                     mha_flash_isa_avx2.round_row(sr[r], lim[r], p_dtype);
                 for (int64_t j = lim[r]; j < Sb; j++)

@@ -118,11 +118,12 @@ static void mm_rows(float *const c[R], const float *const a[R], const float *b, 
 
 /* s (S) = 2^(s - max s) in place (s: scores times log2(e), so this is the
  * softmax's e^x), -0.0f (the mark of a skipped key) where s is -inf;
- * returns the sum and sets *skips when some key is marked.  s has Sp
- * floats; the lanes past S are left alone (the P V product reads only keys
- * < S). */
-static float softmax_row(float *s, int64_t S, bool *skips) {
-    const __m512 vm = _mm512_set1_ps(row_max512(s, S));
+ * returns the sum, sets *max to the max and *skips when some key is
+ * marked.  s has Sp floats; the lanes past S are left alone (the P V
+ * product reads only keys < S). */
+static float softmax_row(float *s, int64_t S, bool *skips, float *max) {
+    *max = row_max512(s, S);
+    const __m512 vm = _mm512_set1_ps(*max);
     __m512 sum = _mm512_setzero_ps();
     __mmask16 marked = 0;
     for (int64_t j = 0; j < S; j += NV) {
@@ -182,7 +183,8 @@ static void pack_v(float *vp, int64_t Sp, const float *v, int64_t ld, int64_t S,
  * own, the P entries between the two set to zero. */
 static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const float *k,
                               const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
-                              int64_t d, float scale, int64_t diag, float *ws, mha_dtype p_dtype) {
+                              int64_t d, float scale, int64_t diag, float *ws, mha_dtype p_dtype,
+                              float *lse, int64_t lse_ld) {
     const int64_t Lp = (S + 2 * NV - 1) / (2 * NV) * (2 * NV);
     /* scores in log2 units: the softmax's e^(x) is 2^(x log2 e) */
     const float scale2 = scale * 1.44269504088896341f;
@@ -209,7 +211,10 @@ static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const flo
             int64_t lim[R]; /* keys row r sees */
             for (int r = 0; r < rows; r++) {
                 lim[r] = diag >= 0 ? diag + i0 + r + 1 : S;
-                l[r] = softmax_row(sr[r], lim[r], &skips[r]);
+                float m;
+                l[r] = softmax_row(sr[r], lim[r], &skips[r], &m);
+                if (lse)
+                    lse[(i0 + r) * lse_ld] = mha_attn_short_lse(m, l[r]);
                 if (p_dtype != MHA_F32) /* -0.0 marks stay -0.0 */
                     round_half_row512(sr[r], lim[r], p_dtype);
                 for (int64_t j = lim[r]; j < Sb; j++)

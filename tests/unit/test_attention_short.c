@@ -5,8 +5,8 @@
  *
  * Then mha_sdpa_forward's plain problems on the avx2 and avx512 loops
  * (mha_attn_short_serves): odd shapes, GQA and interleaved heads against
- * the reference kernel, bits across threads, what is not served, and
- * -inf scores.
+ * the reference kernel, bits across threads, the log-sum-exp of a
+ * training forward, what is not served, and -inf scores.
  *
  * Letters: L tokens, H heads, d head width.  q, k, v are column blocks of
  * one (L, 3 H d + 5) buffer as in the encoder; ctx rows H d + 3 apart with
@@ -307,6 +307,40 @@ static mha_causal causal_of(size_t i) {
     return modes[i % 3];
 }
 
+/* A training forward (opt.lse) on the same whole rows: served, out the
+ * same bits as without lse (one: those; the flash tiles would round
+ * otherwise), lse within 2e-6 (1 + |ref|) of the reference kernel's (which
+ * sums in float64), written through a strided view (strided: every other
+ * float, the gaps untouched) when asked. */
+static void lse_matches_ref(const rows_data *r, const rows_case *rc, const mha_sdpa_options *base,
+                            mha_kernel kernel, const float *one, bool strided) {
+    const int64_t B = rc->B, H = rc->Hq, L = rc->L, n = B * H * L, st = strided ? 2 : 1;
+    float *want = malloc(sizeof(float) * (size_t)n), *got = malloc(sizeof(float) * (size_t)(st * n));
+    for (int64_t e = 0; e < st * n; e++)
+        got[e] = GUARD;
+    mha_tensor lw = {want, MHA_F32, 3, {B, H, L}, {H * L, L, 1}};
+    mha_tensor lg = {got, MHA_F32, 3, {B, H, L}, {st * H * L, st * L, st}};
+    mha_sdpa_options opt = *base;
+    rows_data rr = *r;
+    opt.lse = &lw, opt.kernel = MHA_KERNEL_REF;
+    CHECK_STATUS(mha_sdpa_forward(&rr.o_ref, &rr.q, &rr.k, &rr.v, &opt), MHA_OK);
+    opt.lse = &lg, opt.kernel = kernel;
+    CHECK(served_on(&rr, &opt, kernel));
+    CHECK_STATUS(mha_sdpa_forward(&rr.o, &rr.q, &rr.k, &rr.v, &opt), MHA_OK);
+    CHECK(memcmp(one, rr.got, sizeof(float) * (size_t)(n * rc->d)) == 0);
+    double worst = 0;
+    size_t guards = 0;
+    for (int64_t e = 0; e < n; e++) {
+        worst = fmax(worst, fabs((double)got[e * st] - want[e]) / (1 + fabs(want[e])));
+        guards += strided && got[e * st + 1] != GUARD;
+    }
+    CHECK(worst <= 2e-6 && guards == 0);
+    if (!(worst <= 2e-6) || guards)
+        printf("  lse B=%lld Hq=%lld L=%lld d=%lld: relative difference %.3g, %zu guards hit\n",
+               (long long)B, (long long)H, (long long)L, (long long)rc->d, worst, guards);
+    free(want), free(got);
+}
+
 /* mha_sdpa_forward's kernel (avx2 or avx512) takes plain problems whose
  * rows fit to its whole-row loop, causal ones too: odd shapes (L = 1, L and
  * d not multiples of 16 or 8, d = 1, h = 1, GQA, interleaved heads) against
@@ -342,6 +376,7 @@ static void serves_sdpa_on(mha_kernel kernel) {
         CHECK_STATUS(mha_sdpa_forward(&r.o, &r.q, &r.k, &r.v, &opt), MHA_OK);
         CHECK(memcmp(one, r.got, sizeof(float) * (size_t)(rc->B * rc->Hq * rc->L * rc->d)) == 0);
         mha_set_num_threads(threads);
+        lse_matches_ref(&r, rc, &opt, kernel, one, i % 2 == 1);
         free(one);
         rows_free(&r);
     }
@@ -445,6 +480,17 @@ static void skips_neg_inf_on(mha_kernel kernel) {
         CHECK(isfinite(r.got[0 * 16 + c]) && isfinite(r.got[5 * 16 + c]));
     for (int64_t c = 0; c < 16; c++)
         CHECK(fabsf(r.got[5 * 16 + c] - r.want[5 * 16 + c]) <= 1e-5f);
+    /* the log-sum-exp skips the key too: finite, the reference's */
+    float lw[20], lg[20];
+    mha_tensor tw = {lw, MHA_F32, 3, {1, 1, 20}, {20, 20, 1}}, tg = tw;
+    tg.data = lg;
+    opt.lse = &tw, opt.kernel = MHA_KERNEL_REF;
+    CHECK_STATUS(mha_sdpa_forward(&r.o_ref, &r.q, &r.k, &r.v, &opt), MHA_OK);
+    opt.lse = &tg, opt.kernel = kernel;
+    CHECK(served_on(&r, &opt, kernel));
+    CHECK_STATUS(mha_sdpa_forward(&r.o, &r.q, &r.k, &r.v, &opt), MHA_OK);
+    for (int i = 0; i <= 5; i += 5) /* rows 0 and 5 (the others' scores are NaN) */
+        CHECK(isfinite(lg[i]) && fabsf(lg[i] - lw[i]) <= 1e-5f * (1 + fabsf(lw[i])));
     rows_free(&r);
 }
 

@@ -16,7 +16,8 @@
  *    of key blocks.  Per key block: pack K^T, V^T and K panels; then for each
  *    query head of the group and each query tile, through the ISA's
  *    register-blocked product (A read through a row and a column stride;
- *    twelve rows at a time where d, dv <= 32 and the ISA has gemm_tall):
+ *    twelve rows at a time where the product's B is at most 32 columns
+ *    (d for dK and dQ, dv for dV) and the ISA has gemm_tall):
  *    S = Q K^T, dP = dO V^T; per row P = exp(scale s + bias - lse), Z the
  *    dropout factor, dS = P (Z dP - D) (row_grad); dV_blk += (P Z)^T dO,
  *    dK_blk += dS^T Q (A = the tile read transposed), dQ_part += dS K.
@@ -202,6 +203,24 @@ static void gemm_skip_zero(float *c, int64_t ldc, const float *a, int64_t rsa, i
                 for (int jj = 0; jj < NR; jj++)
                     cr[pn * NR + jj] += av * b[pn * pstride + x * NR + jj];
         }
+    }
+}
+
+/* c (rows, np*NR) += a . b row group by row group, a(r, x) = a[r*rsa +
+ * x*csa], rows a multiple of MR: twelve rows at once on gemm_tall where
+ * `tall` (np <= 2), else MR; the zero-skipping loop where b holds a
+ * non-finite value (`finite` false), so masked entries never multiply it. */
+static void product_rows(const mha_bwd_isa *isa, bool tall, bool finite, float *c, int64_t ldc,
+                         const float *a, int64_t rsa, int64_t csa, const float *b,
+                         int64_t pstride, int64_t k, int64_t np, int64_t rows) {
+    for (int64_t g0 = 0; g0 < rows; g0 += MR) {
+        if (tall && finite && g0 + 2 * MR <= rows) {
+            isa->gemm_tall(c + g0 * ldc, ldc, a + g0 * rsa, rsa, csa, b, pstride, k, np, true);
+            g0 += MR;
+            continue;
+        }
+        (finite ? isa->gemm : gemm_skip_zero)(c + g0 * ldc, ldc, a + g0 * rsa, rsa, csa, b,
+                                               pstride, k, np, true);
     }
 }
 
@@ -471,44 +490,26 @@ static void tile_backward(const bwd_ctx *c, bwd_ws *w, int64_t b, int64_t h, int
             isa->row_grad(s, dpr, ncw, lim, p->scale, bias, lse, D);
     }
 
-    /* dV += (P Z)^T dO and dK += dS^T Q over the key rows some query sees;
-     * dQ_tile = dS K.  A block or tile holding a non-finite value takes the
-     * zero-skipping loop, so masked entries never multiply it. */
+    /* dV += (P Z)^T dO and dK += dS^T Q over the key rows some query sees
+     * (A = the tile read transposed); dQ_tile = dS K.  Twelve rows at once
+     * where B is at most 2 panels (d <= 32 for dK and dQ, dv <= 32 for dV). */
     const int64_t ncvp = round_up(ncv, MR);
-    const bool tall = isa->gemm_tall && dp <= 2 * NR && dvp <= 2 * NR; /* d, dv <= 32 */
-    for (int64_t k0 = 0; k0 < ncvp; k0 += MR) {
-        if (tall && ofinite && qfinite && k0 + 2 * MR <= ncvp) { /* 2 groups at once */
-            isa->gemm_tall(w->dv + k0 * dvp, dvp, w->s + k0, 1, BC, t.dop, BR * NR, nr,
-                           dvp / NR, true);
-            isa->gemm_tall(w->dk + k0 * dp, dp, w->dp + k0, 1, BC, t.qp, BR * NR, nr, dp / NR,
-                           true);
-            k0 += MR;
-            continue;
-        }
-        (ofinite ? isa->gemm : gemm_skip_zero)(w->dv + k0 * dvp, dvp, w->s + k0, 1, BC, t.dop,
-                                                BR * NR, nr, dvp / NR, true);
-        (qfinite ? isa->gemm : gemm_skip_zero)(w->dk + k0 * dp, dp, w->dp + k0, 1, BC, t.qp,
-                                                BR * NR, nr, dp / NR, true);
-    }
+    const bool tall_k = isa->gemm_tall && dp <= 2 * NR, tall_v = isa->gemm_tall && dvp <= 2 * NR;
+    product_rows(isa, tall_v, ofinite, w->dv, dvp, w->s, 1, BC, t.dop, BR * NR, nr, dvp / NR,
+                 ncvp);
+    product_rows(isa, tall_k, qfinite, w->dk, dp, w->dp, 1, BC, t.qp, BR * NR, nr, dp / NR, ncvp);
     if (!dq_head)
         return;
-    /* a whole group of MR rows accumulates into its rows of dq_head
-     * (the product loads and stores them); a last group with rows past nr
-     * (zero dS rows, whose stores would reach the next head's rows, which
-     * another task may be updating) goes through w->dq, and its real rows
-     * are added */
+    /* whole groups of MR rows accumulate into their rows of dq_head (the
+     * product loads and stores them); a last group with rows past nr (zero
+     * dS rows, whose stores would reach the next head's rows, which another
+     * task may be updating) goes through w->dq, and its real rows are added */
     const int64_t whole = nr / MR * MR;
-    for (int64_t g0 = 0; g0 < nrp; g0 += MR) {
-        if (tall && kfinite && g0 + 2 * MR <= whole) {
-            isa->gemm_tall(dq_head + (i0 + g0) * dp, dp, w->dp + g0 * BC, BC, 1, w->kp,
-                           BC * NR, ncv, dp / NR, true);
-            g0 += MR;
-            continue;
-        }
-        float *dst = g0 < whole ? dq_head + (i0 + g0) * dp : w->dq;
-        (kfinite ? isa->gemm : gemm_skip_zero)(dst, dp, w->dp + g0 * BC, BC, 1, w->kp, BC * NR,
-                                                ncv, dp / NR, g0 < whole);
-    }
+    product_rows(isa, tall_k, kfinite, dq_head + i0 * dp, dp, w->dp, BC, 1, w->kp, BC * NR, ncv,
+                 dp / NR, whole);
+    if (whole < nrp)
+        (kfinite ? isa->gemm : gemm_skip_zero)(w->dq, dp, w->dp + whole * BC, BC, 1, w->kp,
+                                                BC * NR, ncv, dp / NR, false);
     for (int64_t r = whole; r < nr; r++) {
         float *restrict dst = dq_head + (i0 + r) * dp;
         const float *restrict src = w->dq + (r - whole) * dp;
@@ -623,6 +624,27 @@ static void task_backward(const bwd_ctx *c, bwd_ws *w, int64_t b, int64_t hk, in
                 add_dq_row(c, b, h, i, w->dqt + ((h - hk * G) * p->L + i) * dp, 1, 0);
 }
 
+/* Row r of the (B, Hq, L) row order as (b, h, i): row_at divides once,
+ * row_next steps without dividing (the per-row divisions had been most of
+ * the loops over rows below).  The loops take ROWS_PER_STEP rows per
+ * cursor. */
+enum { ROWS_PER_STEP = 64 };
+typedef struct row_cursor {
+    int64_t b, h, i;
+} row_cursor;
+
+static row_cursor row_at(const mha_attn_problem *p, int64_t r) {
+    return (row_cursor){r / (p->L * p->Hq), (r / p->L) % p->Hq, r % p->L};
+}
+
+static void row_next(const mha_attn_problem *p, row_cursor *at) {
+    if (++at->i == p->L) { /* the next head's first row */
+        at->i = 0;
+        if (++at->h == p->Hq)
+            at->h = 0, at->b++;
+    }
+}
+
 /* Row i of head (b, h) from what the forward saved: *lse (non-NULL) its
  * saved log-sum-exp; *delta (non-NULL) = dO_i . O_i in float64. */
 static void saved_row_stats(const mha_attn_grad *g, int64_t dv, int64_t b, int64_t h, int64_t i,
@@ -718,21 +740,14 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
         mha_free(buf);
         return st;
     }
-    enum { ROWS_PER_STEP = 64 }; /* (b, h, i) divided out once per 64 rows */
     const int64_t saved_rows = have_lse || have_out ? rows : 0;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t r0 = 0; r0 < saved_rows; r0 += ROWS_PER_STEP) {
-        int64_t i = r0 % p->L, h = (r0 / p->L) % p->Hq, b = r0 / (p->L * p->Hq);
+        row_cursor at = row_at(p, r0);
         const int64_t r1 = saved_rows - r0 < ROWS_PER_STEP ? saved_rows : r0 + ROWS_PER_STEP;
-        for (int64_t r = r0; r < r1; r++) {
-            saved_row_stats(g, p->dv, b, h, i, have_lse ? lse + r : NULL,
+        for (int64_t r = r0; r < r1; r++, row_next(p, &at))
+            saved_row_stats(g, p->dv, at.b, at.h, at.i, have_lse ? lse + r : NULL,
                             have_out ? delta + r : NULL);
-            if (++i == p->L) { /* the next head's first row */
-                i = 0;
-                if (++h == p->Hq)
-                    h = 0, b++;
-            }
-        }
     }
     c.lse = lse, c.delta = delta;
 
@@ -760,9 +775,12 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
     if (c.dq_part) { /* dq += sum of the split partials, in split order */
         const size_t split_stride = (size_t)rows * (size_t)c.dp;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
-        for (int64_t r = 0; r < rows; r++)
-            add_dq_row(&c, r / (p->L * p->Hq), (r / p->L) % p->Hq, r % p->L,
-                       c.dq_part + r * c.dp, c.nsplit, split_stride);
+        for (int64_t r0 = 0; r0 < rows; r0 += ROWS_PER_STEP) {
+            row_cursor at = row_at(p, r0);
+            const int64_t r1 = rows - r0 < ROWS_PER_STEP ? rows : r0 + ROWS_PER_STEP;
+            for (int64_t r = r0; r < r1; r++, row_next(p, &at))
+                add_dq_row(&c, at.b, at.h, at.i, c.dq_part + r * c.dp, c.nsplit, split_stride);
+        }
     }
     mha_free(buf);
     return MHA_OK;

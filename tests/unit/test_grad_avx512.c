@@ -31,7 +31,8 @@ static const bwd512_cfg CASES[] = {
     {1, 1, 1, 1, 1, 1, 1, MHA_CAUSAL_NONE, 0, 0, 0, 0},
     /* one query row; S one past a key block (a 1-key block: one panel) */
     {1, 2, 1, 1, 97, 16, 32, MHA_CAUSAL_NONE, 0, 0, 0, 0},
-    /* d 3 panels (2 + the odd one), dv 2 panels with 15 zero columns */
+    /* d 3 panels (2 + the odd one), dv 2 panels with 15 zero columns (12-row
+     * products for dV only) */
     {2, 1, 1, 7, 33, 48, 17, MHA_CAUSAL_TOP_LEFT, 0, 0, 0, 0},
     /* L one past a query tile, S a whole block, d 5 panels, dv = 1 */
     {1, 1, 1, 49, 96, 80, 1, MHA_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 0},
@@ -44,6 +45,9 @@ static const bwd512_cfg CASES[] = {
     /* 16 (b, kv head) pairs, one split: dQ summed per task; 12-row products
      * (d, dv <= 32) on 37 rows (three groups of 12 and one row) */
     {8, 4, 2, 37, 50, 32, 17, MHA_CAUSAL_NONE, 0, 0, 0, 0},
+    /* d <= 32 < dv: 12-row products for dK and dQ only; 31 rows (two
+     * groups of 12, one of 6 and one past nr), a kv head shared by two */
+    {2, 2, 1, 31, 70, 20, 40, MHA_CAUSAL_NONE, 0, 0, 0, 0},
 };
 
 typedef struct bwd512_case {

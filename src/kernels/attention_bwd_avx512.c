@@ -68,30 +68,44 @@ static void gemm_tall_avx512(float *c, int64_t ldc, const float *a, int64_t rsa,
     }
 }
 
+/* One vector of row_grad_avx512 under lanes `in` (< lim), stored under
+ * `out` (< n).  Called with in = out = 0xffff on whole vectors (a
+ * constant: the masks fold away), with masks on the last one. */
+static inline __attribute__((always_inline)) void
+grad_vector(float *s, float *dp, __mmask16 in, __mmask16 out, __m512 vs, const float *bias,
+            __m512 vl, __m512 vd) {
+    __m512 x = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(in, s), vs, vl);
+    __mmask16 keep = in;
+    if (bias) {
+        const __m512 bv = _mm512_maskz_loadu_ps(in, bias);
+        keep = _mm512_mask_cmp_ps_mask(in, bv, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ);
+        x = _mm512_add_ps(x, bv);
+    }
+    const __m512 pr = exp512(x);
+    const __m512 ds = _mm512_mul_ps(pr, _mm512_sub_ps(_mm512_maskz_loadu_ps(in, dp), vd));
+    _mm512_mask_storeu_ps(s, out, _mm512_maskz_mov_ps(keep, pr));
+    _mm512_mask_storeu_ps(dp, out, _mm512_maskz_mov_ps(keep, ds));
+}
+
 /* See mha_bwd_isa.row_grad: P = exp(s*scale + bias - lse), dS = P (dP - D);
  * exactly 0 past lim and where bias is -inf (a masked move, never a
  * multiply, so NaN in a masked score is dropped; a NaN bias is kept and
  * propagates, as in the AVX2 and scalar loops).  exp512 is exp256's
  * full-range expf (s*scale - lse may be far below the softmax's range).
- * Lanes past lim are neither read nor used; stores stop at n. */
+ * Lanes past lim are neither read nor used; stores stop at n.  Whole
+ * vectors first, without masks (a mask computed per vector had been a
+ * good part of this loop's instructions), then the partial one. */
 static void row_grad_avx512(float *s, float *dp, int64_t n, int64_t lim, float scale,
                             const float *bias, float lse, float D) {
     const __m512 vs = _mm512_set1_ps(scale), vl = _mm512_set1_ps(lse), vd = _mm512_set1_ps(D);
-    const __m512 ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
+    const __m512 zero = _mm512_setzero_ps();
     int64_t j = 0;
-    for (; j < lim; j += 16) {
-        const __mmask16 in = mask16(lim - j), out = mask16(n - j);
-        __m512 x = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(in, s + j), vs, vl);
-        __mmask16 keep = in;
-        if (bias) {
-            const __m512 bv = _mm512_maskz_loadu_ps(in, bias + j);
-            keep = _mm512_mask_cmp_ps_mask(in, bv, ninf, _CMP_NEQ_UQ);
-            x = _mm512_add_ps(x, bv);
-        }
-        const __m512 pr = exp512(x);
-        const __m512 ds = _mm512_mul_ps(pr, _mm512_sub_ps(_mm512_maskz_loadu_ps(in, dp + j), vd));
-        _mm512_mask_storeu_ps(s + j, out, _mm512_maskz_mov_ps(keep, pr));
-        _mm512_mask_storeu_ps(dp + j, out, _mm512_maskz_mov_ps(keep, ds));
+    for (; j + 16 <= lim; j += 16)
+        grad_vector(s + j, dp + j, 0xffff, 0xffff, vs, bias ? bias + j : NULL, vl, vd);
+    if (j < lim) {
+        grad_vector(s + j, dp + j, mask16(lim - j), mask16(n - j), vs, bias ? bias + j : NULL,
+                    vl, vd);
+        j += 16;
     }
     for (; j < n; j += 16) {
         const __mmask16 out = mask16(n - j);

@@ -126,7 +126,13 @@ static float softmax_row(float *s, int64_t S, bool *skips, float *max) {
     const __m512 vm = _mm512_set1_ps(*max);
     __m512 sum = _mm512_setzero_ps();
     __mmask16 marked = 0;
-    for (int64_t j = 0; j < S; j += NV) {
+    int64_t j = 0;
+    for (; j + NV <= S; j += NV) { /* whole vectors: no mask to compute or apply */
+        const __m512 e = exp2_marked512(_mm512_loadu_ps(s + j), vm, 0xffff, &marked);
+        _mm512_storeu_ps(s + j, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    if (j < S) { /* the tail under a mask: the same sum, lanes past S adding 0 */
         const __mmask16 k = mask16(S - j);
         const __m512 e = exp2_marked512(_mm512_maskz_loadu_ps(k, s + j), vm, k, &marked);
         _mm512_mask_storeu_ps(s + j, k, e);

@@ -170,16 +170,27 @@ static inline __m512 exp2_softmax512(__m512 t) {
     return _mm512_scalef_ps(y, t);
 }
 
-/* The max of s[0, n), n >= 1, 16 lanes at a time with the tail under a
- * mask (vmaxps: a NaN may or may not win; the softmax rows that take it
- * come out NaN either way through their exp). */
+/* The max of s[0, n), n >= 1: four independent chains of 16 lanes over
+ * whole vectors, then the tail under a mask (vmaxps: a NaN may or may not
+ * win; the softmax rows that take it come out NaN either way through their
+ * exp).  One chain with a mask per step had been latency-bound (4 cycles a
+ * vector) and 30 % of the whole-row softmax (perf, Intel Xeon, L 2048);
+ * the max does not depend on the order, so the bits are those of one
+ * chain. */
 static inline float row_max512(const float *s, int64_t n) {
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int64_t j = 0; j < n; j += 16) {
-        const __mmask16 k = mask16(n - j);
-        mx = _mm512_mask_max_ps(mx, k, mx, _mm512_maskz_loadu_ps(k, s + j));
+    __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    int64_t j = 0;
+    for (; j + 64 <= n; j += 64) {
+        m0 = _mm512_max_ps(m0, _mm512_loadu_ps(s + j));
+        m1 = _mm512_max_ps(m1, _mm512_loadu_ps(s + j + 16));
+        m2 = _mm512_max_ps(m2, _mm512_loadu_ps(s + j + 32));
+        m3 = _mm512_max_ps(m3, _mm512_loadu_ps(s + j + 48));
     }
-    return _mm512_reduce_max_ps(mx);
+    for (; j < n; j += 16) {
+        const __mmask16 k = mask16(n - j);
+        m0 = _mm512_mask_max_ps(m0, k, m0, _mm512_maskz_loadu_ps(k, s + j));
+    }
+    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
 }
 
 /* The whole-row softmax's weights of 16 scores x (log2 units) under lanes

@@ -294,7 +294,7 @@ static float row_max_avx512(const float *s, int64_t n) {
 
 /* s = exp(s - m) 16 at a time by exp512, the AVX2 loop's Cephes expf (1-2
  * ulp, exp256's values bit for bit): its full range is needed, since s may
- * hold -inf (whose exp is 0) and m may be NaN; exp_softmax512's clamp at
+ * hold -inf (whose exp is 0) and m may be NaN; a softmax exp's clamp at
  * -87 would make e^-inf tiny instead of 0.  The sum in 16 lanes, then
  * across them; the tail under a mask. */
 static float exp_sum_avx512(float *s, int64_t n, float m) {

@@ -74,8 +74,8 @@ static float row_scores_avx512(float *s, int64_t n, int64_t lim, float scale, co
 
 /* One vector of p = exp(s - m) under lanes k (-0.0f where s is -inf),
  * stored; returns sum + the vector.  e^x as 2^(x log2 e) (exp2_softmax512:
- * 9 vector operations with the multiply, where exp_softmax512 takes 12, on
- * the ports the products' FMAs need); the rounded x log2 e costs at most
+ * 9 vector operations with the multiply, where the Cephes e^x of the AVX2
+ * loop took 12, on the ports the products' FMAs need); the rounded x log2 e costs at most
  * 6e-8 |x| relative, 5e-6 at the clamp (x = -87, a weight of 1.6e-38),
  * as in the whole-row kernel, whose scores carry log2 e from Q K^T. */
 static inline __attribute__((always_inline)) __m512 exp_vector(float *s, __mmask16 k, __m512 vm,

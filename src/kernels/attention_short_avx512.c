@@ -42,7 +42,7 @@
  * bits do not depend on the batch or the threads.  The scores come out of
  * Q K^T times scale log2(e), so the softmax's e^x is exp2_softmax512's
  * 2^t (simd_avx512.h, relative error 1.5e-7; 8 operations against
- * exp_softmax512's 13); the avx2 kernel's exp256 has 1-2 ulp, so the two
+ * 13 for e^x by Cephes' range reduction); the avx2 kernel's exp256 has 1-2 ulp, so the two
  * kernels agree within the tests' bound, not bit for bit.
  */
 #include "attention_short.h"

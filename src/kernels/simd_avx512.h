@@ -122,35 +122,15 @@ static inline __attribute__((always_inline)) void transpose16_ps(__m512 r[16]) {
     }
 }
 
-/* e^x for the softmax's x = s - m <= 0, or NaN (which propagates): the
- * polynomial of exp_softmax256 (attention_flash_avx2.c; max relative error
- * 1.9e-7), with 2^n applied by vscalefps.  x is clamped at -87, so e^x >=
- * 2^-126 stays normal (such a term is below any row sum >= 1 by 38 decades;
- * callers mark masked entries themselves); n = round(x log2 e), r = x - n ln2
- * (Cephes' two-part ln2), e^r = 1 + r + r^2 q(r), q cubic. */
-static inline __m512 exp_softmax512(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x); /* operand order keeps NaN */
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 q = _mm512_set1_ps(8.333842270076275e-3f);
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(4.189859703183174e-2f));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.666688621044159e-1f));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(4.9999141693115234e-1f));
-    const __m512 y =
-        _mm512_fmadd_ps(q, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(y, n);
-}
-
 /* 2^t for a softmax (t <= 0, -inf or NaN), written for P rounded to bf16
  * (attention_flash_avx512bf16.c) and taken by the float32 whole-row kernel
- * (attention_short_avx512.c): t = n + r with n = floor(t) and r in [0, 1)
+ * (attention_short_avx512.c) and flash forward (row_exp_avx512): t = n + r with n = floor(t) and r in [0, 1)
  * from one vreduceps, 2^r by a degree-5 polynomial (minimax for the
  * relative error on [0, 1), fitted in float64), 2^n by vscalefps, which
  * also takes t = -inf to 0 and very negative t to 0 or a denormal without
- * a clamp (NaN propagates): 8 vector operations, where exp_softmax512's
- * e^x (above) takes 13 with the scaling it needs before.  Measured against
+ * a clamp (NaN propagates): 8 vector operations, where e^x by Cephes'
+ * range reduction (exp_softmax256's, with 2^n by vscalefps) took 12 and
+ * the scaling before it one more.  Measured against
  * exp2 in float64 for t in [-126, 0], and through row_exp_bf16 against
  * exp(s - m) (steps of 1e-5 over [-87, 0]; the folded log2(e) costs the
  * difference): relative error <= 1.5e-7 and 3.9e-6, against bf16's 2^-9 =

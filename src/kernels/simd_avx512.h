@@ -126,9 +126,9 @@ static inline __attribute__((always_inline)) void transpose16_ps(__m512 r[16]) {
  * (attention_flash_avx512bf16.c) and taken by the float32 whole-row kernel
  * (attention_short_avx512.c) and flash forward (row_exp_avx512): t = n + r with n = floor(t) and r in [0, 1)
  * from one vreduceps, 2^r by a degree-5 polynomial (minimax for the
- * relative error on [0, 1), fitted in float64), 2^n by vscalefps, which
- * also takes t = -inf to 0 and very negative t to 0 or a denormal without
- * a clamp (NaN propagates): 8 vector operations, where e^x by Cephes'
+ * relative error on [0, 1), fitted in float64), 2^n by vscalefps under a
+ * mask that makes t < -126 (and -inf) exactly 0, as exp2_softmax256's
+ * clamp does (NaN propagates): 9 vector operations, where e^x by Cephes'
  * range reduction (exp_softmax256's, with 2^n by vscalefps) took 12 and
  * the scaling before it one more.  Measured against
  * exp2 in float64 for t in [-126, 0], and through row_exp_bf16 against
@@ -147,7 +147,12 @@ static inline __m512 exp2_softmax512(__m512 t) {
     y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(2.401536107e-1f));
     y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(6.931530833e-1f));
     y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(9.999999404e-1f));
-    return _mm512_scalef_ps(y, t);
+    /* below 2^-126 exactly 0, never a denormal: denormal weights (vscalefps
+     * results, then FMA inputs) took microcode assists on Intel, 17-20x the
+     * time of a row whose scores spread past 126 (log2 units); NaN lanes
+     * pass the compare (unordered), so NaN still propagates */
+    const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
+    return _mm512_maskz_scalef_ps(normal, y, t);
 }
 
 /* The max of s[0, n), n >= 1: four independent chains of 16 lanes over

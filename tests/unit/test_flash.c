@@ -8,6 +8,10 @@
  */
 #include "test.h"
 #include "private_api.h"
+#include "internal.h"
+#include "kernels/attention_flash.h"
+
+#include <float.h>
 
 #include <fenv.h>
 #if defined(__x86_64__) || defined(__i386__)
@@ -343,6 +347,57 @@ TEST(flash_large_logits) {
     CHECK(check_case(&c, "logits -1e4 causal") <= TOL);
     c.scale = 1.0f / 64.0f, c.mask = MASK_FLOAT_S; /* mild logits, exact too */
     CHECK(check_case(&c, "small exact logits") <= TOL);
+}
+
+/* The softmax weights of the ISA row loops (mha_flash_isa.row_exp; the
+ * AVX-512 one is exp2_softmax512, which the whole-row kernel shares): e^(s -
+ * m) within 1e-5 relative (+ 2e-38: the AVX2 clamp at e^-87, the AVX-512
+ * flush below 2^-126), and never a denormal - denormal weights took
+ * microcode assists on Intel, a row whose scores spread past 87 ran 17-20x
+ * slower (docs/performance.md, "ninth visit") - -0.0 for -inf, NaN for NaN;
+ * every tail length. */
+TEST(flash_row_exp_normal_or_zero) {
+    if (!mha_cpu_has_avx2_fma())
+        SKIP("no AVX2+FMA on this CPU");
+    const mha_flash_isa *isas[2] = {&mha_flash_isa_avx2,
+                                    mha_avx512_runs() ? MHA_AVX512_PICK(mha_flash_isa_avx512)
+                                                      : NULL};
+    if (!isas[1])
+        SKIP_PART("AVX-512 row_exp: no AVX-512 on this CPU");
+    enum { N = 451 };
+    const float m = 3.0f;
+    float x[N], s[N];
+    for (int i = 0; i < N; i++) /* m down to m - 112.5, across e^-87.3 = FLT_MIN */
+        x[i] = m - 0.25f * (float)i;
+    x[7] = -INFINITY;
+    for (int a = 0; a < 2; a++) {
+        if (!isas[a])
+            continue;
+        for (int n = N - 16; n <= N; n++) {
+            memcpy(s, x, sizeof(float) * (size_t)n);
+            const double sum = isas[a]->row_exp(s, n, m);
+            double want_sum = 0.0;
+            int bad = 0;
+            for (int i = 0; i < n; i++) {
+                if (i == 7) {
+                    CHECK(s[i] == 0.0f && signbit(s[i]));
+                    continue;
+                }
+                const double e = exp((double)x[i] - m);
+                want_sum += e;
+                if ((fpclassify(s[i]) == FP_SUBNORMAL || fabs(s[i] - e) > 1e-5 * e + 2e-38) &&
+                    bad++ < 3)
+                    test_fail(__FILE__, __LINE__, "%s n %d: e^%g -> %g (%a), want %g",
+                              isas[a]->name, n, (double)x[i] - m, (double)s[i], (double)s[i], e);
+            }
+            CHECK(fabs(sum - want_sum) <= 1e-5 * want_sum);
+        }
+        float row[20];
+        for (int i = 0; i < 20; i++)
+            row[i] = (float)i - 10.0f;
+        row[13] = NAN;
+        CHECK(isnan(isas[a]->row_exp(row, 20, m)) && isnan(row[13]) && row[0] > 0.0f);
+    }
 }
 
 TEST(flash_threads_bit_identical) {

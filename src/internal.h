@@ -292,6 +292,19 @@ static inline float mha_attn_softcap(float s, float cap) {
     return cap * copysignf((1.0f - t) / (1.0f + t), y);
 }
 
+/* A softmax weight e^x (x = s - max <= 0, or NaN) for the portable loops
+ * and the flash driver's rescaling: expf, but exactly 0 below x = -69 (e^x
+ * < 1e-30).  Denormal floats cost microcode assists on Intel: a weight
+ * below FLT_MIN (x < -87.34), or one just above it times a value below 1
+ * (the portable P V multiplies and adds unfused, so the product rounds on
+ * its own), made a forward whose rows' scores spread past 87 run 5.5x
+ * slower (bench/score_spread.c, MHA_KERNEL=scalar); from 1e-30 a product
+ * stays normal for any |v| >= 1e-8.  Such a weight is below any row sum
+ * >= 1 by 30 decades.  NaN stays NaN. */
+static inline float mha_softmax_weight(float x) {
+    return x < -69.0f ? 0.0f : expf(x);
+}
+
 /* The additive bias of score (b,h,i,j): src/kernels/attention_bias.h. */
 
 /* Validates the masked-row policy and dropout options into p. */

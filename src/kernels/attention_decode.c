@@ -76,7 +76,7 @@ static float row_max_scalar(const float *s, int64_t n) {
 static float exp_sum_scalar(float *s, int64_t n, float m) {
     float l = 0.0f;
     for (int64_t j = 0; j < n; j++) {
-        s[j] = expf(s[j] - m);
+        s[j] = mha_softmax_weight(s[j] - m);
         l += s[j];
     }
     return l;

@@ -151,7 +151,7 @@ static float row_scores_scalar(float *s, int64_t n, int64_t lim, float scale, co
 static float row_exp_scalar(float *s, int64_t n, float m) {
     float sum = 0.0f;
     for (int64_t j = 0; j < n; j++) {
-        s[j] = s[j] == -INFINITY ? -0.0f : expf(s[j] - m);
+        s[j] = s[j] == -INFINITY ? -0.0f : mha_softmax_weight(s[j] - m);
         sum += s[j];
     }
     return sum;
@@ -162,7 +162,7 @@ static void round_row_scalar(float *s, int64_t n, mha_dtype dt) {
         s[j] = mha_round_to(dt, s[j]);
 }
 
-static const mha_flash_isa isa_scalar = {"scalar",          qk_scalar,      pv_scalar,
+const mha_flash_isa mha_flash_isa_scalar = {"scalar",          qk_scalar,      pv_scalar,
                                          row_scores_scalar, row_exp_scalar, round_row_scalar,
                                          NULL, NULL, NULL, NULL, NULL};
 
@@ -628,8 +628,10 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
                 continue;
             }
             if (!(mnew == mold)) {
-                if (mold != -INFINITY) { /* lazy rescale: only when the max moved */
-                    float alpha = expf(mold - mnew);
+                if (mold != -INFINITY) { /* lazy rescale: only when the max moved
+                                            (0, not a denormal, past a jump of 87:
+                                            a denormal O row costs assists) */
+                    float alpha = mha_softmax_weight(mold - mnew);
                     scale_row(w->o + r * dvp, dvp, alpha);
                     w->l[r] *= alpha;
                 }
@@ -674,7 +676,7 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
             continue; /* dead rows stay dead; NaN stays NaN */
         const float sink = ((const float *)p->sinks.data)[h * p->sinks.stride[0]];
         if (sink > w->m[r]) {
-            float alpha = expf(w->m[r] - sink);
+            float alpha = mha_softmax_weight(w->m[r] - sink);
             scale_row(w->o + r * dvp, dvp, alpha);
             w->l[r] *= alpha;
             w->m[r] = sink;
@@ -889,7 +891,7 @@ size_t mha_attn_flash_scratch_bound(int64_t B, int64_t Hkv, int64_t S, int64_t d
 /* ---- kernels and selection ------------------------------------------------ */
 
 mha_status mha_attn_fwd_f32_scalar(const mha_attn_problem *p) {
-    return mha_attn_flash_run(p, &isa_scalar, NULL);
+    return mha_attn_flash_run(p, &mha_flash_isa_scalar, NULL);
 }
 
 mha_status mha_attn_fwd_f32_avx2(const mha_attn_problem *p) {

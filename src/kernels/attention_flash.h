@@ -147,6 +147,8 @@ typedef struct mha_flash_bf16 {
 mha_status mha_attn_flash_run(const mha_attn_problem *p, const mha_flash_isa *isa,
                               const mha_flash_bf16 *dot);
 
+/* The portable inner loops (attention_flash.c; any CPU). */
+extern const mha_flash_isa mha_flash_isa_scalar;
 /* The AVX2+FMA inner loops (attention_flash_avx2.c; only call when the CPU
  * has AVX2 and FMA). */
 extern const mha_flash_isa mha_flash_isa_avx2;

@@ -350,19 +350,21 @@ TEST(flash_large_logits) {
 }
 
 /* The softmax weights of the ISA row loops (mha_flash_isa.row_exp; the
- * AVX-512 one is exp2_softmax512, which the whole-row kernel shares): e^(s -
- * m) within 1e-5 relative (+ 2e-38: the AVX2 clamp at e^-87, the AVX-512
- * flush below 2^-126), and never a denormal - denormal weights took
- * microcode assists on Intel, a row whose scores spread past 87 ran 17-20x
- * slower (docs/performance.md, "ninth visit") - -0.0 for -inf, NaN for NaN;
- * every tail length. */
+ * AVX-512 one is exp2_softmax512, which the whole-row kernel shares, the
+ * scalar one mha_softmax_weight, which the scalar decode shares): e^(s - m)
+ * within 1e-5 relative (+ 2e-38: the AVX2 clamp at e^-87, the AVX-512
+ * flush below FLT_MIN; + 1.1e-30: the scalar flush below e^-69), and never
+ * a denormal - denormal weights took microcode assists
+ * on Intel, a row whose scores spread past 87 ran 5.5-20x slower
+ * (docs/performance.md, "ninth visit") - -0.0 for -inf, NaN for NaN; every
+ * tail length. */
 TEST(flash_row_exp_normal_or_zero) {
-    if (!mha_cpu_has_avx2_fma())
-        SKIP("no AVX2+FMA on this CPU");
-    const mha_flash_isa *isas[2] = {&mha_flash_isa_avx2,
-                                    mha_avx512_runs() ? MHA_AVX512_PICK(mha_flash_isa_avx512)
-                                                      : NULL};
+    const mha_flash_isa *isas[3] = {
+        &mha_flash_isa_scalar, mha_cpu_has_avx2_fma() ? &mha_flash_isa_avx2 : NULL,
+        mha_avx512_runs() ? MHA_AVX512_PICK(mha_flash_isa_avx512) : NULL};
     if (!isas[1])
+        SKIP_PART("AVX2 row_exp: no AVX2+FMA on this CPU");
+    if (!isas[2])
         SKIP_PART("AVX-512 row_exp: no AVX-512 on this CPU");
     enum { N = 451 };
     const float m = 3.0f;
@@ -370,7 +372,7 @@ TEST(flash_row_exp_normal_or_zero) {
     for (int i = 0; i < N; i++) /* m down to m - 112.5, across e^-87.3 = FLT_MIN */
         x[i] = m - 0.25f * (float)i;
     x[7] = -INFINITY;
-    for (int a = 0; a < 2; a++) {
+    for (int a = 0; a < 3; a++) {
         if (!isas[a])
             continue;
         for (int n = N - 16; n <= N; n++) {
@@ -385,7 +387,8 @@ TEST(flash_row_exp_normal_or_zero) {
                 }
                 const double e = exp((double)x[i] - m);
                 want_sum += e;
-                if ((fpclassify(s[i]) == FP_SUBNORMAL || fabs(s[i] - e) > 1e-5 * e + 2e-38) &&
+                const double slack = a == 0 ? 1.1e-30 : 2e-38;
+                if ((fpclassify(s[i]) == FP_SUBNORMAL || fabs(s[i] - e) > 1e-5 * e + slack) &&
                     bad++ < 3)
                     test_fail(__FILE__, __LINE__, "%s n %d: e^%g -> %g (%a), want %g",
                               isas[a]->name, n, (double)x[i] - m, (double)s[i], (double)s[i], e);

@@ -300,9 +300,11 @@ static inline float mha_attn_softcap(float s, float cap) {
  * its own), made a forward whose rows' scores spread past 87 run 5.5x
  * slower (bench/score_spread.c, MHA_KERNEL=scalar); from 1e-30 a product
  * stays normal for any |v| >= 1e-8.  Such a weight is below any row sum
- * >= 1 by 30 decades.  NaN stays NaN. */
+ * >= 1 by 30 decades.  NaN stays NaN.  The backward's row_grad loops
+ * (attention_bwd.h) flush P and dS at the same x. */
+#define MHA_SOFTMAX_FLUSH_X (-69.0f)
 static inline float mha_softmax_weight(float x) {
-    return x < -69.0f ? 0.0f : expf(x);
+    return x < MHA_SOFTMAX_FLUSH_X ? 0.0f : expf(x);
 }
 
 /* The additive bias of score (b,h,i,j): src/kernels/attention_bias.h. */

@@ -59,7 +59,11 @@ typedef struct mha_bwd_isa {
     /* One score row of a tile, in place over [0, n):
      *   j < lim and bias[j] != -inf (bias NULL: 0):
      *     P = exp(s*scale + bias - lse);  s = P;  dp = P (dp - D)
-     *   otherwise s = dp = 0 (exactly; NaN in s or dp is dropped). */
+     *   otherwise, and where s*scale + bias - lse < MHA_SOFTMAX_FLUSH_X
+     *   (internal.h: P < 1e-30, whose P and dS would risk denormal
+     *   floats, microcode assists on Intel: a backward of rows whose
+     *   scores spread past 87 ran 1.75-8x slower), s = dp = 0 (exactly;
+     *   NaN in s or dp is dropped; a NaN x is kept and propagates). */
     void (*row_grad)(float *s, float *dp, int64_t n, int64_t lim, float scale, const float *bias,
                      float lse, float D);
     /* One K^T/V^T panel: panel (k, NR) = rows (w, k) of src (row r at
@@ -85,6 +89,8 @@ mha_status mha_attn_bwd_f32_scalar(const mha_attn_problem *p, const mha_attn_gra
 mha_status mha_attn_bwd_f32_avx2(const mha_attn_problem *p, const mha_attn_grad *g);
 mha_status mha_attn_bwd_f32_avx512(const mha_attn_problem *p, const mha_attn_grad *g);
 
+/* The portable inner loops (attention_bwd_flash.c; any CPU). */
+extern const mha_bwd_isa mha_bwd_isa_scalar;
 /* The AVX2+FMA inner loops (attention_bwd_avx2.c; only call when the CPU
  * has AVX2 and FMA). */
 extern const mha_bwd_isa mha_bwd_isa_avx2;

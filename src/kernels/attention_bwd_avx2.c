@@ -75,6 +75,7 @@ static void row_grad_avx2(float *s, float *dp, int64_t n, int64_t lim, float sca
                           const float *bias, float lse, float D) {
     const __m256 vs = _mm256_set1_ps(scale), vl = _mm256_set1_ps(lse), vd = _mm256_set1_ps(D);
     const __m256 ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
+    const __m256 flush = _mm256_set1_ps(MHA_SOFTMAX_FLUSH_X);
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     int64_t j = 0;
     for (; j < lim; j += 8) {
@@ -86,6 +87,7 @@ static void row_grad_avx2(float *s, float *dp, int64_t n, int64_t lim, float sca
             keep = _mm256_and_ps(keep, _mm256_cmp_ps(bv, ninf, _CMP_NEQ_UQ));
             x = _mm256_add_ps(x, bv);
         }
+        keep = _mm256_and_ps(keep, _mm256_cmp_ps(x, flush, _CMP_NLT_UQ)); /* NaN kept */
         __m256 pr = exp256(x);
         __m256 ds = _mm256_mul_ps(pr, _mm256_sub_ps(_mm256_loadu_ps(dp + j), vd));
         _mm256_storeu_ps(s + j, _mm256_blendv_ps(zero, pr, keep));

@@ -81,6 +81,7 @@ grad_vector(float *s, float *dp, __mmask16 in, __mmask16 out, __m512 vs, const f
         keep = _mm512_mask_cmp_ps_mask(in, bv, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ);
         x = _mm512_add_ps(x, bv);
     }
+    keep = _mm512_mask_cmp_ps_mask(keep, x, _mm512_set1_ps(MHA_SOFTMAX_FLUSH_X), _CMP_NLT_UQ);
     const __m512 pr = exp512(x);
     const __m512 ds = _mm512_mul_ps(pr, _mm512_sub_ps(_mm512_maskz_loadu_ps(in, dp), vd));
     _mm512_mask_storeu_ps(s, out, _mm512_maskz_mov_ps(keep, pr));

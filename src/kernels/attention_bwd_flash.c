@@ -178,13 +178,18 @@ static void row_grad_scalar(float *s, float *dp, int64_t n, int64_t lim, float s
             s[j] = dp[j] = 0.0f;
             continue;
         }
-        const float pr = expf(s[j] * scale + bj - lse);
+        const float x = s[j] * scale + bj - lse;
+        if (x < MHA_SOFTMAX_FLUSH_X) { /* P < 1e-30: 0 (see mha_bwd_isa.row_grad) */
+            s[j] = dp[j] = 0.0f;
+            continue;
+        }
+        const float pr = expf(x);
         s[j] = pr;
         dp[j] = pr * (dp[j] - D);
     }
 }
 
-static const mha_bwd_isa isa_scalar = {"scalar", gemm_scalar, row_grad_scalar, NULL, NULL};
+const mha_bwd_isa mha_bwd_isa_scalar = {"scalar", gemm_scalar, row_grad_scalar, NULL, NULL};
 
 /* The same product skipping a == 0, so a NaN/Inf in b (a key, query or dO
  * row that only masked entries touch) never meets a zero weight.  Used only
@@ -389,7 +394,7 @@ static void row_grad_general(const bwd_ctx *c, float *s, float *dp, int64_t lim,
             sc = p->softcap * t;
             dcap = 1.0f - t * t;
         }
-        const float pr = expf(sc + bj - lse);
+        const float pr = mha_softmax_weight(sc + bj - lse);
         float z = keep_scale;
         if (p->dropout && mha_dropout_uniform(p->seed, b, h, i, j0 + j) < p->dropout_p)
             z = 0.0f;
@@ -787,7 +792,7 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
 }
 
 mha_status mha_attn_bwd_f32_scalar(const mha_attn_problem *p, const mha_attn_grad *g) {
-    return mha_attn_bwd_flash_run(p, g, &isa_scalar);
+    return mha_attn_bwd_flash_run(p, g, &mha_bwd_isa_scalar);
 }
 
 mha_status mha_attn_bwd_f32_avx2(const mha_attn_problem *p, const mha_attn_grad *g) {

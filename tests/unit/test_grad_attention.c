@@ -16,6 +16,8 @@
  * 1, 2, 3 and 7 threads.
  */
 #include "test.h"
+#include "internal.h"
+#include "kernels/attention_bwd.h"
 
 typedef struct grad_cfg {
     int64_t B, Hq, Hkv, L, S, d, dv;
@@ -793,4 +795,56 @@ TEST(grad_multihead_threads_bit_identical) {
     for (int i = 0; i < 9; i++)
         mha_tensor_free(&w1[i]);
     mh_free(&t);
+}
+
+/* The backward's row epilogue (mha_bwd_isa.row_grad) on each ISA: P =
+ * e^x and dS = P (dP - D) for x = s scale - lse at or above
+ * MHA_SOFTMAX_FLUSH_X, both exactly 0 below it and past lim, never a
+ * denormal (denormal P or dS took microcode assists on Intel: 1.75-8x
+ * slower backwards of rows whose scores spread past 87), NaN kept; every
+ * tail length.  AVX-512 equals AVX2 bit for bit (the driver's rule). */
+TEST(grad_row_grad_flushes_tiny_weights) {
+    const mha_bwd_isa *isas[3] = {
+        &mha_bwd_isa_scalar, mha_cpu_has_avx2_fma() ? &mha_bwd_isa_avx2 : NULL,
+        mha_avx512_runs() ? MHA_AVX512_PICK(mha_bwd_isa_avx512) : NULL};
+    if (!isas[1])
+        SKIP_PART("AVX2 row_grad: no AVX2+FMA on this CPU");
+    if (!isas[2])
+        SKIP_PART("AVX-512 row_grad: no AVX-512 on this CPU");
+    enum { N = 208 };
+    const float scale = 0.5f, lse = 2.0f, D = 0.25f;
+    float s0[N], dp0[N], s[3][N], dp[3][N];
+    for (int j = 0; j < N; j++) { /* x = 0.5 s - 2 from 0 down to -103.5 */
+        s0[j] = 4.0f - (float)j;
+        dp0[j] = 0.3f + 1e-3f * (float)j;
+    }
+    s0[5] = NAN;
+    for (int64_t lim = N - 17; lim <= N; lim++) {
+        for (int a = 0; a < 3; a++) {
+            if (!isas[a])
+                continue;
+            memcpy(s[a], s0, sizeof s0), memcpy(dp[a], dp0, sizeof dp0);
+            isas[a]->row_grad(s[a], dp[a], N, lim, scale, NULL, lse, D);
+            int bad = 0;
+            for (int j = 0; j < N; j++) {
+                const float x = s0[j] * scale - lse;
+                const bool live = j < lim && !(x < MHA_SOFTMAX_FLUSH_X);
+                const double p = live ? exp((double)x) : 0.0;
+                const double ds = p * ((double)dp0[j] - D);
+                bool ok = fpclassify(s[a][j]) != FP_SUBNORMAL &&
+                          fpclassify(dp[a][j]) != FP_SUBNORMAL;
+                if (j == 5 && j < lim)
+                    ok = ok && isnan(s[a][j]) && isnan(dp[a][j]);
+                else
+                    ok = ok && fabs(s[a][j] - p) <= 1e-6 * p &&
+                         fabs(dp[a][j] - ds) <= 2e-6 * fabs(ds);
+                if (!ok && bad++ < 3)
+                    test_fail(__FILE__, __LINE__, "%s lim %lld j %d x %g: P %g dS %g, want %g %g",
+                              isas[a]->name, (long long)lim, j, (double)x, (double)s[a][j],
+                              (double)dp[a][j], p, ds);
+            }
+        }
+        if (isas[1] && isas[2])
+            CHECK(memcmp(s[1], s[2], sizeof s[1]) == 0 && memcmp(dp[1], dp[2], sizeof dp[1]) == 0);
+    }
 }

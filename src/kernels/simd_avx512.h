@@ -124,7 +124,8 @@ static inline __attribute__((always_inline)) void transpose16_ps(__m512 r[16]) {
 
 /* 2^t for a softmax (t <= 0, -inf or NaN), written for P rounded to bf16
  * (attention_flash_avx512bf16.c) and taken by the float32 whole-row kernel
- * (attention_short_avx512.c) and flash forward (row_exp_avx512): t = n + r with n = floor(t) and r in [0, 1)
+ * (attention_short_avx512.c) and flash forward (row_exp_avx512): t = n + r
+ * with n = floor(t) and r in [0, 1)
  * from one vreduceps, 2^r by a degree-5 polynomial (minimax for the
  * relative error on [0, 1), fitted in float64), 2^n by vscalefps under a
  * mask that makes t < -126 (and -inf) exactly 0, as exp2_softmax256's

@@ -148,11 +148,12 @@ static float row_scores_scalar(float *s, int64_t n, int64_t lim, float scale, co
     return row_scores_loop(s, n, lim, scale, 0.0f, bias);
 }
 
-static float row_exp_scalar(float *s, int64_t n, float m) {
+static float row_exp_scalar(float *s, int64_t n, float m, mha_dtype pdt) {
     float sum = 0.0f;
     for (int64_t j = 0; j < n; j++) {
-        s[j] = s[j] == -INFINITY ? -0.0f : mha_softmax_weight(s[j] - m);
-        sum += s[j];
+        const float e = s[j] == -INFINITY ? -0.0f : mha_softmax_weight(s[j] - m);
+        sum += e;
+        s[j] = pdt == MHA_F32 ? e : mha_round_to(pdt, e);
     }
     return sum;
 }
@@ -642,15 +643,18 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
                                                  w->pb + r * BC);
                 continue;
             }
-            w->l[r] += pl->isa->row_exp(sr, ng, mnew);
-            if (p->dropout)
+            /* P in v's dtype for P.V, as FlashAttention: rounded in the exp
+             * pass, or after the dropout */
+            w->l[r] += pl->isa->row_exp(sr, ng, mnew, p->dropout ? MHA_F32 : p->p_dtype);
+            if (p->dropout) {
                 for (int64_t j = 0; j < ng; j++)
                     if (!is_masked_mark(sr[j]))
                         sr[j] = mha_dropout_uniform(p->seed, b, h, i0 + r, j0 + j) < p->dropout_p
                                     ? 0.0f
                                     : sr[j] * keep;
-            if (p->p_dtype != MHA_F32) /* P in v's dtype for P.V, as FlashAttention */
-                pl->isa->round_row(sr, ng, p->p_dtype);
+                if (p->p_dtype != MHA_F32)
+                    pl->isa->round_row(sr, ng, p->p_dtype);
+            }
         }
         const float *vp = vpack + kb * pl->vblock;
         if (!vflags[kb]) {
@@ -740,7 +744,7 @@ static void run_item(const flash_plan *pl, const flash_ws *w, int64_t b, int64_t
             if (ng > 0) {
                 row_scores_any(pl, sr, ng, row_lim(p, b, i0 + r, j0, ng),
                                pl->has_bias ? w->bias + r * BC : NULL);
-                pl->isa->row_exp(sr, ng, w->m[r]);
+                pl->isa->row_exp(sr, ng, w->m[r], MHA_F32);
             }
             for (int64_t j = 0; j < n; j++) {
                 float x = j < ng ? sr[j] : -0.0f;

@@ -46,8 +46,10 @@ typedef struct mha_flash_isa {
      * every column is masked. */
     float (*row_scores)(float *s, int64_t n, int64_t lim, float scale, const float *bias);
     /* s[j] = exp(s[j] - m) over [0, n), -0.0f (the "masked" mark) where
-     * s[j] is -inf; returns the sum.  m is finite or NaN. */
-    float (*row_exp)(float *s, int64_t n, float m);
+     * s[j] is -inf; returns the sum.  m is finite or NaN.  pdt MHA_F16 or
+     * MHA_BF16: the values stored are then rounded to pdt (as round_row
+     * after the pass would), the sum staying that of the unrounded ones. */
+    float (*row_exp)(float *s, int64_t n, float m, mha_dtype pdt);
     /* s[j] = s[j] rounded to dt (MHA_F16 or MHA_BF16) and back, over [0, n):
      * bit-identical to mha_round_to (convert.h), -0.0f stays -0.0f. */
     void (*round_row)(float *s, int64_t n, mha_dtype dt);

@@ -163,8 +163,10 @@ static inline __m256 exp_softmax256(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-/* p = exp(s - m), -0.0f where s is -inf; returns the sum (8 partial sums). */
-static float row_exp_avx2(float *s, int64_t n, float m) {
+/* p = exp(s - m), -0.0f where s is -inf, stored rounded to pdt; returns
+ * the sum (8 partial sums) of the unrounded p. */
+static inline __attribute__((always_inline)) float row_exp_avx2_as(float *s, int64_t n, float m,
+                                                                   mha_dtype pdt) {
     const __m256 ninf = _mm256_set1_ps(-INFINITY), vm = _mm256_set1_ps(m);
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 sum = _mm256_setzero_ps();
@@ -181,7 +183,7 @@ static float row_exp_avx2(float *s, int64_t n, float m) {
         __m256 e = exp_softmax256(_mm256_sub_ps(x, vm));
         e = _mm256_blendv_ps(e, sign, _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ)); /* masked: -0 */
         sum = _mm256_add_ps(sum, e);
-        _mm256_storeu_ps(ps, e);
+        _mm256_storeu_ps(ps, round_half256(e, pdt));
         if (part)
             for (int64_t u = 0; u < n - j; u++)
                 s[j + u] = xs[u];
@@ -192,15 +194,11 @@ static float row_exp_avx2(float *s, int64_t n, float m) {
     return _mm_cvtss_f32(s4);
 }
 
-/* 8 float32 bit patterns rounded to bf16 as mha_float_to_bf16 does, in
- * integer lanes (+ 0x7fff + the lowest kept bit; NaN lanes only get the
- * quiet bit); the bf16 bits are the top half of each lane. */
-static inline __m256i bf16_round_bits256(__m256i x) {
-    const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs), inf);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-    const __m256i r = _mm256_add_epi32(x, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
-    return _mm256_blendv_epi8(r, _mm256_or_si256(x, _mm256_set1_epi32(0x400000)), nan);
+/* See mha_flash_isa.row_exp: row_exp_avx2_as with pdt a constant. */
+static float row_exp_avx2(float *s, int64_t n, float m, mha_dtype pdt) {
+    return pdt == MHA_F16    ? row_exp_avx2_as(s, n, m, MHA_F16)
+           : pdt == MHA_BF16 ? row_exp_avx2_as(s, n, m, MHA_BF16)
+                             : row_exp_avx2_as(s, n, m, MHA_F32);
 }
 
 /* P rounded to half and back, 8 at a time: F16C's round-to-nearest-even
@@ -208,18 +206,12 @@ static inline __m256i bf16_round_bits256(__m256i x) {
  * rule. */
 static void round_row_avx2(float *s, int64_t n, mha_dtype dt) {
     int64_t j = 0;
-    if (dt == MHA_F16) {
-        for (; j + 8 <= n; j += 8) {
-            __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(s + j), _MM_FROUND_TO_NEAREST_INT);
-            _mm256_storeu_ps(s + j, _mm256_cvtph_ps(h));
-        }
-    } else {
-        const __m256i top = _mm256_set1_epi32((int)0xffff0000u);
-        for (; j + 8 <= n; j += 8) {
-            const __m256i r = bf16_round_bits256(_mm256_castps_si256(_mm256_loadu_ps(s + j)));
-            _mm256_storeu_ps(s + j, _mm256_castsi256_ps(_mm256_and_si256(r, top)));
-        }
-    }
+    if (dt == MHA_F16)
+        for (; j + 8 <= n; j += 8)
+            _mm256_storeu_ps(s + j, round_half256(_mm256_loadu_ps(s + j), MHA_F16));
+    else
+        for (; j + 8 <= n; j += 8)
+            _mm256_storeu_ps(s + j, round_half256(_mm256_loadu_ps(s + j), MHA_BF16));
     for (; j < n; j++)
         s[j] = mha_round_to(dt, s[j]);
 }

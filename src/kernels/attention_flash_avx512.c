@@ -79,27 +79,36 @@ static float row_scores_avx512(float *s, int64_t n, int64_t lim, float scale, co
  * 6e-8 |x| relative, 5e-6 at the clamp (x = -87, a weight of 1.6e-38),
  * as in the whole-row kernel, whose scores carry log2 e from Q K^T. */
 static inline __attribute__((always_inline)) __m512 exp_vector(float *s, __mmask16 k, __m512 vm,
-                                                               __m512 sum) {
+                                                               __m512 sum, mha_dtype pdt) {
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     const __m512 x = _mm512_mask_loadu_ps(ninf, k, s);
     __m512 e = exp2_softmax512(
         _mm512_mul_ps(_mm512_sub_ps(x, vm), _mm512_set1_ps(1.44269504088896341f)));
     e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, ninf, _CMP_EQ_OQ), _mm512_set1_ps(-0.0f));
-    _mm512_mask_storeu_ps(s, k, e);
+    _mm512_mask_storeu_ps(s, k, round_half512(e, pdt)); /* P in v's dtype (pdt) */
     return _mm512_add_ps(sum, e); /* masked lanes: exp(-inf) = -0.0, adding nothing */
 }
 
-/* p = exp(s - m), -0.0f where s is -inf; returns the sum (16 partial sums,
- * in the same order whether a vector is whole or the masked tail). */
-static float row_exp_avx512(float *s, int64_t n, float m) {
+/* p = exp(s - m), -0.0f where s is -inf, stored rounded to pdt; returns
+ * the sum of the unrounded p (16 partial sums, in the same order whether a
+ * vector is whole or the masked tail). */
+static inline __attribute__((always_inline)) float row_exp_avx512_as(float *s, int64_t n, float m,
+                                                                     mha_dtype pdt) {
     const __m512 vm = _mm512_set1_ps(m);
     __m512 sum = _mm512_setzero_ps();
     int64_t j = 0;
     for (; j + 16 <= n; j += 16)
-        sum = exp_vector(s + j, 0xffff, vm, sum);
+        sum = exp_vector(s + j, 0xffff, vm, sum, pdt);
     if (j < n)
-        sum = exp_vector(s + j, mask16(n - j), vm, sum);
+        sum = exp_vector(s + j, mask16(n - j), vm, sum, pdt);
     return _mm512_reduce_add_ps(sum);
+}
+
+/* See mha_flash_isa.row_exp: row_exp_avx512_as with pdt a constant. */
+static float row_exp_avx512(float *s, int64_t n, float m, mha_dtype pdt) {
+    return pdt == MHA_F16    ? row_exp_avx512_as(s, n, m, MHA_F16)
+           : pdt == MHA_BF16 ? row_exp_avx512_as(s, n, m, MHA_BF16)
+                             : row_exp_avx512_as(s, n, m, MHA_F32);
 }
 
 /* Half rows widened 16 at a time: vcvtph2ps for fp16, a 16-bit shift for

@@ -143,9 +143,15 @@ static int64_t rows_per_item(const mha_attn_problem *p, int nthreads) {
 }
 
 /* n rows of a half tensor (rows ld elements apart, unit column stride)
- * -> dst (n, d) float32, each row widened exactly by the ISA's widen_row. */
+ * -> dst (n, d) float32, widened exactly by the ISA's widen_row: in one
+ * call when the rows are contiguous (ld = d: a call per row of d = 32 had
+ * been a tenth of the B32 H12 L128 bf16 forward). */
 static void widen_rows(float *dst, const uint16_t *src, int64_t ld, mha_dtype dt, int64_t n,
                        int64_t d, const mha_flash_isa *isa) {
+    if (ld == d) {
+        isa->widen_row(dst, src, dt, n * d);
+        return;
+    }
     for (int64_t i = 0; i < n; i++)
         isa->widen_row(dst + i * d, src + i * ld, dt, d);
 }
@@ -231,9 +237,12 @@ mha_status mha_attn_short_run(const mha_attn_problem *p, mha_kernel kernel, bool
             } else {
                 fn(ow, d, qw, kw, vw, d, n, S, 1, d, p->scale, diag, ws, p->p_dtype, lse,
                    p->lse.stride[2]);
-                for (int64_t i = 0; i < n; i++)
-                    isa->narrow_row((uint16_t *)o + i * p->o.stride[2], ow + i * d, d,
-                                    p->o.dtype);
+                if (p->o.stride[2] == d) /* contiguous rows: one call */
+                    isa->narrow_row((uint16_t *)o, ow, n * d, p->o.dtype);
+                else
+                    for (int64_t i = 0; i < n; i++)
+                        isa->narrow_row((uint16_t *)o + i * p->o.stride[2], ow + i * d, d,
+                                        p->o.dtype);
             }
         }
     }

@@ -39,7 +39,6 @@
  * for bit.
  */
 #include "attention_short.h"
-#include "attention_flash.h" /* mha_flash_isa_avx2.round_row */
 
 #include <math.h>
 
@@ -172,8 +171,11 @@ static void context_rows(float *const orow[R], const float *const pr[R], const f
 /* s (S) = 2^(s - max s) in place (s: scores times log2(e), so this is the
  * softmax's e^x), -0.0f (the mark of a skipped key) where s is -inf;
  * returns the sum, sets *max to the max and *skips when some key is
- * marked.  Lanes past S are neither read nor written. */
-static float softmax_row(float *s, int64_t S, bool *skips, float *max) {
+ * marked.  Lanes past S are neither read nor written.  The values stored
+ * are rounded to pdt (P in v's dtype for P V, -0.0 marks staying -0.0);
+ * the sum is of the unrounded ones. */
+static inline __attribute__((always_inline)) float
+softmax_row_as(float *s, int64_t S, bool *skips, float *max, mha_dtype pdt) {
     const __m256 ninf = _mm256_set1_ps(-INFINITY), sign = _mm256_set1_ps(-0.0f);
     /* four independent max chains (one was latency-bound: 4 cycles a
      * vector on Intel); the max does not depend on the order */
@@ -202,16 +204,23 @@ static float softmax_row(float *s, int64_t S, bool *skips, float *max) {
         __m256 e = _mm256_blendv_ps(exp2_softmax256(_mm256_sub_ps(x, vm)), sign, neg);
         if (part) {
             e = _mm256_and_ps(e, _mm256_castsi256_ps(tail));
-            _mm256_maskstore_ps(s + j, tail, e);
+            _mm256_maskstore_ps(s + j, tail, round_half256(e, pdt));
             marked = _mm256_or_ps(marked, _mm256_and_ps(neg, _mm256_castsi256_ps(tail)));
         } else {
-            _mm256_storeu_ps(s + j, e);
+            _mm256_storeu_ps(s + j, round_half256(e, pdt));
             marked = _mm256_or_ps(marked, neg);
         }
         sum = _mm256_add_ps(sum, e);
     }
     *skips = _mm256_movemask_ps(marked) != 0;
     return hsum256(sum);
+}
+
+/* softmax_row_as with pdt a constant. */
+static float softmax_row(float *s, int64_t S, bool *skips, float *max, mha_dtype pdt) {
+    return pdt == MHA_F16    ? softmax_row_as(s, S, skips, max, MHA_F16)
+           : pdt == MHA_BF16 ? softmax_row_as(s, S, skips, max, MHA_BF16)
+                             : softmax_row_as(s, S, skips, max, MHA_F32);
 }
 
 /* kt (Lp/16, d, 16) = K^T of k (S, d) rows ld apart in panels of 16 keys,
@@ -289,11 +298,9 @@ static void attn_short_avx2(float *ctx, int64_t ldo, const float *q, const float
             for (int r = 0; r < rows; r++) {
                 lim[r] = diag >= 0 ? diag + i0 + r + 1 : S;
                 float m;
-                l[r] = softmax_row(sr[r], lim[r], &skips[r], &m);
+                l[r] = softmax_row(sr[r], lim[r], &skips[r], &m, p_dtype);
                 if (lse)
                     lse[(i0 + r) * lse_ld] = mha_attn_short_lse(m, l[r]);
-                if (p_dtype != MHA_F32) /* the flash loops' rounding; -0.0 marks stay */
-                    mha_flash_isa_avx2.round_row(sr[r], lim[r], p_dtype);
                 for (int64_t j = lim[r]; j < Sb; j++)
                     sr[r][j] = 0.0f;
             }

@@ -120,8 +120,11 @@ static void mm_rows(float *const c[R], const float *const a[R], const float *b, 
  * softmax's e^x), -0.0f (the mark of a skipped key) where s is -inf;
  * returns the sum, sets *max to the max and *skips when some key is
  * marked.  s has Sp floats; the lanes past S are left alone (the P V
- * product reads only keys < S). */
-static float softmax_row(float *s, int64_t S, bool *skips, float *max) {
+ * product reads only keys < S).  The values stored are rounded to pdt (P
+ * in v's dtype for P V, -0.0 marks staying -0.0); the sum is of the
+ * unrounded ones. */
+static inline __attribute__((always_inline)) float
+softmax_row_as(float *s, int64_t S, bool *skips, float *max, mha_dtype pdt) {
     *max = row_max512(s, S);
     const __m512 vm = _mm512_set1_ps(*max);
     __m512 sum = _mm512_setzero_ps();
@@ -129,17 +132,24 @@ static float softmax_row(float *s, int64_t S, bool *skips, float *max) {
     int64_t j = 0;
     for (; j + NV <= S; j += NV) { /* whole vectors: no mask to compute or apply */
         const __m512 e = exp2_marked512(_mm512_loadu_ps(s + j), vm, 0xffff, &marked);
-        _mm512_storeu_ps(s + j, e);
+        _mm512_storeu_ps(s + j, round_half512(e, pdt));
         sum = _mm512_add_ps(sum, e);
     }
     if (j < S) { /* the tail under a mask: the same sum, lanes past S adding 0 */
         const __mmask16 k = mask16(S - j);
         const __m512 e = exp2_marked512(_mm512_maskz_loadu_ps(k, s + j), vm, k, &marked);
-        _mm512_mask_storeu_ps(s + j, k, e);
+        _mm512_mask_storeu_ps(s + j, k, round_half512(e, pdt));
         sum = _mm512_add_ps(sum, e);
     }
     *skips = marked != 0;
     return _mm512_reduce_add_ps(sum);
+}
+
+/* softmax_row_as with pdt a constant. */
+static float softmax_row(float *s, int64_t S, bool *skips, float *max, mha_dtype pdt) {
+    return pdt == MHA_F16    ? softmax_row_as(s, S, skips, max, MHA_F16)
+           : pdt == MHA_BF16 ? softmax_row_as(s, S, skips, max, MHA_BF16)
+                             : softmax_row_as(s, S, skips, max, MHA_F32);
 }
 
 /* kt (Sp/32, d, 32) = K^T of k (S, d) rows ld apart in panels of 32 keys,
@@ -218,11 +228,9 @@ static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const flo
             for (int r = 0; r < rows; r++) {
                 lim[r] = diag >= 0 ? diag + i0 + r + 1 : S;
                 float m;
-                l[r] = softmax_row(sr[r], lim[r], &skips[r], &m);
+                l[r] = softmax_row(sr[r], lim[r], &skips[r], &m, p_dtype);
                 if (lse)
                     lse[(i0 + r) * lse_ld] = mha_attn_short_lse(m, l[r]);
-                if (p_dtype != MHA_F32) /* -0.0 marks stay -0.0 */
-                    round_half_row512(sr[r], lim[r], p_dtype);
                 for (int64_t j = lim[r]; j < Sb; j++)
                     sr[r][j] = 0.0f;
             }

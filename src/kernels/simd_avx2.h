@@ -10,6 +10,8 @@
 
 #include <immintrin.h>
 
+#include "mha.h" /* mha_dtype */
+
 /* exp(x) for x <= ~88 (and NaN): Cephes expf, error about 1-2 ulp.
  * ref: S. L. Moshier, Cephes Math Library, expf.c: n = round(x log2 e),
  * r = x - n ln2 (ln2 split in two for exactness), e^r by a degree-6
@@ -88,6 +90,30 @@ static inline __attribute__((always_inline)) void transpose8_ps(__m256 r[8]) {
         r[i] = _mm256_permute2f128_ps(v[i], v[4 + i], 0x20);
         r[4 + i] = _mm256_permute2f128_ps(v[i], v[4 + i], 0x31);
     }
+}
+
+/* 8 float32 bit patterns rounded to bf16 as mha_float_to_bf16 does, in
+ * integer lanes (+ 0x7fff + the lowest kept bit; NaN lanes only get the
+ * quiet bit); the bf16 bits are the top half of each lane. */
+static inline __m256i bf16_round_bits256(__m256i x) {
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs), inf);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_add_epi32(x, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+    return _mm256_blendv_epi8(r, _mm256_or_si256(x, _mm256_set1_epi32(0x400000)), nan);
+}
+
+/* x rounded to the half type dt and back, bit-identical to mha_round_to:
+ * F16C's round-to-nearest-even conversion for fp16, bf16_round_bits256 with
+ * the low half cleared for bf16; MHA_F32 unchanged (dt a constant where
+ * inlined). */
+static inline __attribute__((always_inline)) __m256 round_half256(__m256 x, mha_dtype dt) {
+    if (dt == MHA_F16)
+        return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    if (dt == MHA_BF16)
+        return _mm256_castsi256_ps(_mm256_and_si256(bf16_round_bits256(_mm256_castps_si256(x)),
+                                                    _mm256_set1_epi32((int)0xffff0000u)));
+    return x;
 }
 
 #endif

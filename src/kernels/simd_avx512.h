@@ -252,25 +252,27 @@ static inline __m512i bf16_round_bits512(__m512i x) {
     return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(x, _mm512_set1_epi32(0x400000)));
 }
 
-/* p (n) rounded in place to the half type dt and back, bit-identical to
- * mha_round_to (convert.h), 16 at a time, the tail under a mask: fp16 by a
- * vcvtps2ph (round to nearest even, subnormals kept) / vcvtph2ps round trip;
- * bf16 by bf16_round_bits512 with the low half cleared. */
+/* x rounded to the type dt and back, bit-identical to mha_round_to
+ * (convert.h): fp16 by a vcvtps2ph (round to nearest even, subnormals
+ * kept) / vcvtph2ps round trip, bf16 by bf16_round_bits512 with the low
+ * half cleared, MHA_F32 unchanged.  dt a constant where it is inlined. */
+static inline __attribute__((always_inline)) __m512 round_half512(__m512 x, mha_dtype dt) {
+    if (dt == MHA_F16)
+        return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    if (dt == MHA_BF16)
+        return _mm512_castsi512_ps(_mm512_and_si512(bf16_round_bits512(_mm512_castps_si512(x)),
+                                                    _mm512_set1_epi32((int)0xffff0000u)));
+    return x;
+}
+
+/* p (n) rounded in place to the half type dt and back (round_half512), 16
+ * at a time, the tail under a mask. */
 static inline void round_half_row512(float *p, int64_t n, mha_dtype dt) {
-    if (dt == MHA_F16) {
-        for (int64_t j = 0; j < n; j += 16) {
-            const __mmask16 k = mask16(n - j);
-            const __m256i h =
-                _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, p + j), _MM_FROUND_TO_NEAREST_INT);
-            _mm512_mask_storeu_ps(p + j, k, _mm512_cvtph_ps(h));
-        }
-        return;
-    }
-    const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
     for (int64_t j = 0; j < n; j += 16) {
         const __mmask16 k = mask16(n - j);
-        const __m512i r = bf16_round_bits512(_mm512_castps_si512(_mm512_maskz_loadu_ps(k, p + j)));
-        _mm512_mask_storeu_ps(p + j, k, _mm512_castsi512_ps(_mm512_and_si512(r, top)));
+        const __m512 x = _mm512_maskz_loadu_ps(k, p + j);
+        _mm512_mask_storeu_ps(p + j, k,
+                              dt == MHA_F16 ? round_half512(x, MHA_F16) : round_half512(x, MHA_BF16));
     }
 }
 

@@ -10,6 +10,7 @@
 #include "private_api.h"
 #include "internal.h"
 #include "kernels/attention_flash.h"
+#include "kernels/convert.h" /* mha_round_to */
 
 #include <float.h>
 
@@ -377,7 +378,7 @@ TEST(flash_row_exp_normal_or_zero) {
             continue;
         for (int n = N - 16; n <= N; n++) {
             memcpy(s, x, sizeof(float) * (size_t)n);
-            const double sum = isas[a]->row_exp(s, n, m);
+            const double sum = isas[a]->row_exp(s, n, m, MHA_F32);
             double want_sum = 0.0;
             int bad = 0;
             for (int i = 0; i < n; i++) {
@@ -399,8 +400,53 @@ TEST(flash_row_exp_normal_or_zero) {
         for (int i = 0; i < 20; i++)
             row[i] = (float)i - 10.0f;
         row[13] = NAN;
-        CHECK(isnan(isas[a]->row_exp(row, 20, m)) && isnan(row[13]) && row[0] > 0.0f);
+        CHECK(isnan(isas[a]->row_exp(row, 20, m, MHA_F32)) && isnan(row[13]) && row[0] > 0.0f);
     }
+}
+
+/* row_exp with P's dtype (fp16, bf16): the values stored are exactly the
+ * float32 pass's rounded by mha_round_to (what round_row after the pass
+ * gave: the products see the same P), the sum is the float32 pass's bit
+ * for bit (l sums the unrounded weights, as FlashAttention's); -0.0 marks
+ * stay -0.0; every ISA, every tail length. */
+TEST(flash_row_exp_rounds_p_in_the_pass) {
+    const mha_flash_isa *isas[3] = {
+        &mha_flash_isa_scalar, mha_cpu_has_avx2_fma() ? &mha_flash_isa_avx2 : NULL,
+        mha_avx512_runs() ? MHA_AVX512_PICK(mha_flash_isa_avx512) : NULL};
+    if (!isas[1])
+        SKIP_PART("AVX2 row_exp: no AVX2+FMA on this CPU");
+    if (!isas[2])
+        SKIP_PART("AVX-512 row_exp: no AVX-512 on this CPU");
+    enum { N = 83 };
+    const float m = 1.5f;
+    float x[N], want[N], got[N];
+    for (int i = 0; i < N; i++) /* weights across [e^-20, 1], no two alike */
+        x[i] = m - 0.2417f * (float)i;
+    x[5] = x[40] = -INFINITY;
+    const mha_dtype dts[2] = {MHA_F16, MHA_BF16};
+    for (int a = 0; a < 3; a++)
+        for (int t = 0; isas[a] && t < 2; t++)
+            for (int n = N - 20; n <= N; n++) {
+                memcpy(want, x, sizeof want);
+                memcpy(got, x, sizeof got);
+                const float sum32 = isas[a]->row_exp(want, n, m, MHA_F32);
+                const float sum = isas[a]->row_exp(got, n, m, dts[t]);
+                int rounded = 0;
+                for (int i = 0; i < n; i++) {
+                    const float r = mha_round_to(dts[t], want[i]);
+                    rounded += r != want[i];
+                    if (memcmp(&r, &got[i], sizeof r) != 0) {
+                        test_fail(__FILE__, __LINE__, "%s %s n %d: p[%d] %a, want %a",
+                                  isas[a]->name, dts[t] == MHA_F16 ? "f16" : "bf16", n, i,
+                                  (double)got[i], (double)r);
+                        break;
+                    }
+                }
+                CHECK(rounded > n / 2); /* the rounding did something */
+                CHECK(memcmp(&sum, &sum32, sizeof sum) == 0);
+                CHECK(got[5] == 0.0f && signbit(got[5]));
+                CHECK(memcmp(got + n, x + n, sizeof(float) * (size_t)(N - n)) == 0);
+            }
 }
 
 TEST(flash_threads_bit_identical) {

@@ -6,8 +6,9 @@
  * of q/k, dv of v; B, Hq, Hkv, T tokens appended, W window (0 = none).
  *
  * Each loop against its reference, on the shapes that reach every tile and
- * tail (d = 1, 15, 16, 17, 40, 128, 300; dv = 1, 15, 16, 33, 100, 128,
- * 200; G = 1..9, 16; n = 1, 15, 17, 255, 256 keys of a split):
+ * tail (d = 1, 15, 16, 17, 40, 128, 300, 520 - a bf16 cache's q split in
+ * 32-element pairs up to 512; dv = 1, 15, 16, 33, 100, 128, 200; G =
+ * 1..9, 16; n = 1, 15, 17, 255, 256 keys of a split):
  *   qk       vs a float64 dot product, |err| <= 1e-6 sum |q k|;
  *   pv       within 1e-6 of the float64 sum |p v|, and bit-identical to
  *            the AVX2 loop where it runs and dv is a multiple of 8 (the
@@ -50,7 +51,8 @@ TEST(decode_avx512_qk_matches_f64_dot) {
     const mha_decode_isa *isa = avx512_isa();
     if (!isa)
         SKIP("avx512 decode loops: %s", mha_last_error());
-    static const int64_t ds[] = {1, 15, 16, 17, 40, 128, 300}, Gs[] = {1, 2, 3, 4, 5, 8, 9, 16};
+    static const int64_t ds[] = {1, 15, 16, 17, 40, 128, 300, 520},
+                         Gs[] = {1, 2, 3, 4, 5, 8, 9, 16};
     static const int64_t ns[] = {1, 15, 17, 255, 256};
     double worst = 0.0;
     for (size_t di = 0; di < sizeof ds / sizeof *ds; di++)

@@ -350,6 +350,18 @@ TEST(flash_large_logits) {
     CHECK(check_case(&c, "small exact logits") <= TOL);
 }
 
+/* The row loops' ISAs: scalar, then avx2 and avx512 where they run here
+ * (NULL, reported as a skipped part, where they do not). */
+static void row_loop_isas(const mha_flash_isa *isas[3]) {
+    isas[0] = &mha_flash_isa_scalar;
+    isas[1] = mha_cpu_has_avx2_fma() ? &mha_flash_isa_avx2 : NULL;
+    isas[2] = mha_avx512_runs() ? MHA_AVX512_PICK(mha_flash_isa_avx512) : NULL;
+    if (!isas[1])
+        SKIP_PART("AVX2 row_exp: no AVX2+FMA on this CPU");
+    if (!isas[2])
+        SKIP_PART("AVX-512 row_exp: no AVX-512 on this CPU");
+}
+
 /* The softmax weights of the ISA row loops (mha_flash_isa.row_exp; the
  * AVX-512 one is exp2_softmax512, which the whole-row kernel shares, the
  * scalar one mha_softmax_weight, which the scalar decode shares): e^(s - m)
@@ -360,13 +372,8 @@ TEST(flash_large_logits) {
  * (docs/performance.md, "ninth visit") - -0.0 for -inf, NaN for NaN; every
  * tail length. */
 TEST(flash_row_exp_normal_or_zero) {
-    const mha_flash_isa *isas[3] = {
-        &mha_flash_isa_scalar, mha_cpu_has_avx2_fma() ? &mha_flash_isa_avx2 : NULL,
-        mha_avx512_runs() ? MHA_AVX512_PICK(mha_flash_isa_avx512) : NULL};
-    if (!isas[1])
-        SKIP_PART("AVX2 row_exp: no AVX2+FMA on this CPU");
-    if (!isas[2])
-        SKIP_PART("AVX-512 row_exp: no AVX-512 on this CPU");
+    const mha_flash_isa *isas[3];
+    row_loop_isas(isas);
     enum { N = 451 };
     const float m = 3.0f;
     float x[N], s[N];
@@ -410,13 +417,8 @@ TEST(flash_row_exp_normal_or_zero) {
  * for bit (l sums the unrounded weights, as FlashAttention's); -0.0 marks
  * stay -0.0; every ISA, every tail length. */
 TEST(flash_row_exp_rounds_p_in_the_pass) {
-    const mha_flash_isa *isas[3] = {
-        &mha_flash_isa_scalar, mha_cpu_has_avx2_fma() ? &mha_flash_isa_avx2 : NULL,
-        mha_avx512_runs() ? MHA_AVX512_PICK(mha_flash_isa_avx512) : NULL};
-    if (!isas[1])
-        SKIP_PART("AVX2 row_exp: no AVX2+FMA on this CPU");
-    if (!isas[2])
-        SKIP_PART("AVX-512 row_exp: no AVX-512 on this CPU");
+    const mha_flash_isa *isas[3];
+    row_loop_isas(isas);
     enum { N = 83 };
     const float m = 1.5f;
     float x[N], want[N], got[N];

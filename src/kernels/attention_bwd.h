@@ -79,10 +79,39 @@ typedef struct mha_bwd_isa {
                       const float *b, int64_t pstride, int64_t k, int64_t np, bool acc);
 } mha_bwd_isa;
 
+/* The whole-row backward of the (b, kv head hk) pair of a plain problem
+ * (attention_short_avx512.c; served by mha_attn_bwd_flash_run, which
+ * says which problems): lse and delta the run's row statistics (B*Hq*L),
+ * ws mha_attn_short_bwd_ws_floats(S, d, dv, G, L) floats.  Adds the pair's
+ * dK, dV and its query heads' dQ into g (those wanted) and returns true;
+ * returns false having written nothing when some K, V, Q or dO row of the
+ * pair is not finite (the flash tiles' zero-skipping products take it). */
+typedef bool (*mha_bwd_pair_rows_fn)(const mha_attn_problem *p, const mha_attn_grad *g,
+                                     const mha_bwd_isa *isa, const float *lse,
+                                     const float *delta, int64_t b, int64_t hk, float *ws);
+MHA_AVX512_DECLARE(mha_bwd_pair_rows_fn, mha_attn_short_bwd_avx512_loop);
+
+/* The longest rows the whole-row backward serves, as S max(d, dv): its
+ * pair's K^T, V^T and K panels and dK, dV accumulators (about 20 S d
+ * bytes) within 160 KiB; past it the tiles were as fast or faster
+ * (docs/backward.md, "Whole rows"). */
+#ifndef MHA_BWD_ROWS_MAX_SD
+#define MHA_BWD_ROWS_MAX_SD 8192
+#endif
+
+/* Whether the whole-row backward serves p (the shape's and options' alone,
+ * never the threads'): a plain problem (no mask, bias, causal masking,
+ * window, dropout or softcap), float32 tensors with unit column strides,
+ * S max(d, dv) <= MHA_BWD_ROWS_MAX_SD (attention_bwd_flash.c) and the
+ * group's dQ rows (G L d) within the driver's dQ budget. */
+bool mha_attn_bwd_rows_serve(const mha_attn_problem *p, const mha_attn_grad *g);
+
 /* Fused tiles: recomputes P from lse per (query tile, key block), never
- * builds the L x S matrix; deterministic for any thread count. */
+ * builds the L x S matrix; deterministic for any thread count.
+ * whole_rows: NULL, or the whole-row backward, which then serves the pairs
+ * of the problems mha_attn_bwd_rows_serve accepts. */
 mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad *g,
-                                  const mha_bwd_isa *isa);
+                                  const mha_bwd_isa *isa, mha_bwd_pair_rows_fn whole_rows);
 /* The fused backward on the portable inner loops, on AVX2+FMA and on
  * AVX-512 (MHA_ERR_UNSUPPORTED when the CPU lacks them). */
 mha_status mha_attn_bwd_f32_scalar(const mha_attn_problem *p, const mha_attn_grad *g);

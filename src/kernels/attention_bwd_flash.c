@@ -37,6 +37,7 @@
  */
 #include "attention_bwd.h"
 #include "attention_bias.h"
+#include "attention_short.h" /* mha_attn_short_bwd_ws_floats */
 
 #include <math.h>
 #include <string.h>
@@ -262,6 +263,7 @@ typedef struct bwd_ctx {
     bool plain;               /* bias is 0 or causal -inf (no mask tensors,
                                  window, key lengths, ALiBi)                 */
     bool scalar_rows;         /* dropout or softcap: per-element epilogue    */
+    const bool *served;       /* (B*Hkv) pairs the whole rows did, or NULL   */
 } bwd_ctx;
 
 static size_t ws_layout(const bwd_ctx *c, float *base, bwd_ws *w) {
@@ -676,8 +678,22 @@ static void saved_row_stats(const mha_attn_grad *g, int64_t dv, int64_t b, int64
     *delta = (float)D;
 }
 
+bool mha_attn_bwd_rows_serve(const mha_attn_problem *p, const mha_attn_grad *g) {
+    const mha_tensor *t[7] = {&p->q, &p->k, &p->v, &g->dout, &g->dq, &g->dk, &g->dv};
+    for (int i = 0; i < 7; i++)
+        if (t[i]->data && (t[i]->dtype != MHA_F32 || t[i]->stride[3] != 1))
+            return false;
+    const bool plain = p->mask.data == NULL && p->kpm.data == NULL && !p->window &&
+                       p->kv_len.data == NULL && p->alibi.data == NULL &&
+                       p->causal == MHA_CAUSAL_NONE && !p->dropout && !(p->softcap > 0.0f);
+    const int64_t dmax = p->d > p->dv ? p->d : p->dv, G = p->Hq / p->Hkv;
+    return plain && p->S > 0 && (double)p->S * (double)dmax <= MHA_BWD_ROWS_MAX_SD &&
+           (double)G * (double)p->L * (double)round_up(p->d, 32) * sizeof(float) <=
+               (double)DQ_TASK_BUDGET_BYTES;
+}
+
 mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad *g,
-                                  const mha_bwd_isa *isa) {
+                                  const mha_bwd_isa *isa, mha_bwd_pair_rows_fn whole_rows) {
     const int64_t rows = p->B * p->Hq * p->L, pairs = p->B * p->Hkv;
     if (rows == 0 || p->S == 0)
         return MHA_OK; /* no key: every row fully masked, zero gradient */
@@ -756,6 +772,35 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
     }
     c.lse = lse, c.delta = delta;
 
+    /* whole rows, pair by pair; a pair they leave (a non-finite input)
+     * takes the tiles below */
+    void *rows_buf = NULL;
+    if (whole_rows && mha_attn_bwd_rows_serve(p, g)) {
+        const size_t per_rows = (size_t)round_up(
+            mha_attn_short_bwd_ws_floats(p->S, p->d, p->dv, G, p->L), 16);
+        rows_buf = mha_malloc(sizeof(float) * per_rows * (size_t)nthreads + (size_t)pairs);
+        if (!rows_buf) {
+            mha_free(buf);
+            return mha_error(MHA_ERR_NOMEM, "attention backward: cannot allocate %zu floats",
+                             per_rows * (size_t)nthreads);
+        }
+        float *rws = rows_buf;
+        bool *served = (bool *)(rws + per_rows * (size_t)nthreads);
+        int64_t left = 0;
+#pragma omp parallel for num_threads(nthreads) schedule(static) reduction(+ : left)
+        for (int64_t pair = 0; pair < pairs; pair++) {
+            served[pair] = whole_rows(p, g, isa, lse, delta, pair / p->Hkv, pair % p->Hkv,
+                                rws + (size_t)mha_thread_index() * per_rows);
+            left += !served[pair];
+        }
+        if (left == 0) {
+            mha_free(rows_buf);
+            mha_free(buf);
+            return MHA_OK;
+        }
+        c.served = served;
+    }
+
 #pragma omp parallel num_threads(nthreads)
     {
         const int tid = mha_thread_index();
@@ -768,11 +813,13 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
             c.bh0 = c0 * G; /* (implied barrier: no task still reads the last chunk) */
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < ntiles; t++)
-                pack_tile(&c, c0 * G + t / c.ntile, t % c.ntile);
+                if (!c.served || !c.served[(c0 * G + t / c.ntile) / G])
+                    pack_tile(&c, c0 * G + t / c.ntile, t % c.ntile);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < tasks; t++) {
                 int64_t split = t % c.nsplit, pair = c0 + t / c.nsplit;
-                task_backward(&c, &w, pair / p->Hkv, pair % p->Hkv, split);
+                if (!c.served || !c.served[pair])
+                    task_backward(&c, &w, pair / p->Hkv, pair % p->Hkv, split);
             }
         }
     }
@@ -784,24 +831,28 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
             row_cursor at = row_at(p, r0);
             const int64_t r1 = rows - r0 < ROWS_PER_STEP ? rows : r0 + ROWS_PER_STEP;
             for (int64_t r = r0; r < r1; r++, row_next(p, &at))
-                add_dq_row(&c, at.b, at.h, at.i, c.dq_part + r * c.dp, c.nsplit, split_stride);
+                if (!c.served || !c.served[(at.b * p->Hq + at.h) / G])
+                    add_dq_row(&c, at.b, at.h, at.i, c.dq_part + r * c.dp, c.nsplit,
+                               split_stride);
         }
     }
+    mha_free(rows_buf);
     mha_free(buf);
     return MHA_OK;
 }
 
 mha_status mha_attn_bwd_f32_scalar(const mha_attn_problem *p, const mha_attn_grad *g) {
-    return mha_attn_bwd_flash_run(p, g, &mha_bwd_isa_scalar);
+    return mha_attn_bwd_flash_run(p, g, &mha_bwd_isa_scalar, NULL);
 }
 
 mha_status mha_attn_bwd_f32_avx2(const mha_attn_problem *p, const mha_attn_grad *g) {
     MHA_CHECK(mha_cpu_has_avx2_fma(), MHA_ERR_UNSUPPORTED,
               "kernel: avx2 requested but this CPU lacks AVX2/FMA");
-    return mha_attn_bwd_flash_run(p, g, &mha_bwd_isa_avx2);
+    return mha_attn_bwd_flash_run(p, g, &mha_bwd_isa_avx2, NULL);
 }
 
 mha_status mha_attn_bwd_f32_avx512(const mha_attn_problem *p, const mha_attn_grad *g) {
     MHA_TRY(mha_avx512_check());
-    return mha_attn_bwd_flash_run(p, g, MHA_AVX512_PICK(mha_bwd_isa_avx512));
+    return mha_attn_bwd_flash_run(p, g, MHA_AVX512_PICK(mha_bwd_isa_avx512),
+                                  *MHA_AVX512_PICK(mha_attn_short_bwd_avx512_loop));
 }

@@ -26,6 +26,14 @@ int64_t mha_attn_short_ws_floats(int64_t S, int64_t d) {
     return bf16 > most ? bf16 : most;
 }
 
+int64_t mha_attn_short_bwd_ws_floats(int64_t S, int64_t d, int64_t dv, int64_t G, int64_t L) {
+    /* K^T, V^T and K panels (Sp d, Sp dv, Sp dp), dK and dV (S dp, S dvp),
+     * S and dP rows (8 Sp each), a zero row (Sp), the group's dQ (G L dp):
+     * attention_short_avx512.c's bwd_pair_rows */
+    const int64_t Sp = (S + 31) / 32 * 32, dp = (d + 31) / 32 * 32, dvp = (dv + 31) / 32 * 32;
+    return Sp * (d + dv + dp) + S * (dp + dvp) + 17 * Sp + G * L * dp;
+}
+
 mha_status mha_attn_short_f32_avx2(float *ctx, int64_t ldo, const float *q, const float *k,
                                    const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
                                    int64_t d, float scale, float *ws) {

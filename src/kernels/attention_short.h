@@ -83,6 +83,11 @@ int64_t mha_attn_short_avx512_max_sd(void);
 /* Workspace floats for S keys and head width d. */
 int64_t mha_attn_short_ws_floats(int64_t S, int64_t d);
 
+/* Workspace floats of the whole-row backward of one pair
+ * (mha_attn_short_bwd_avx512_loop, attention_bwd.h): S keys, head widths
+ * d and dv, G query heads of L rows. */
+int64_t mha_attn_short_bwd_ws_floats(int64_t S, int64_t d, int64_t dv, int64_t G, int64_t L);
+
 void mha_attn_short_f32_ref(float *ctx, int64_t ldo, const float *q, const float *k,
                             const float *v, int64_t ld, int64_t L, int64_t S, int64_t H,
                             int64_t d, float scale, float *ws);

@@ -46,8 +46,10 @@
  * kernels agree within the tests' bound, not bit for bit.
  */
 #include "attention_short.h"
+#include "attention_bwd.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "simd_avx512.h"
 
@@ -243,3 +245,157 @@ static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const flo
 }
 
 const mha_attn_short_fn MHA_AVX512_SYMBOL(mha_attn_short_avx512_loop) = attn_short_avx512;
+
+/* ---- the whole-row backward (mha_bwd_isa.pair_rows) ------------------------ */
+
+/* c (n, m) rows ldc apart += a^T b over the R rows of a block: c[j] +=
+ * sum_r a[r][j] b[r] (a[r]: n values, b[r]: m values), each element one
+ * FMA chain over r in order.  b's rows sit in 16 registers, 32 columns at
+ * a time, while the n rows of c stream by (2 loads, 8 broadcasts, 16 FMAs
+ * and 2 stores a row). */
+static void rank_rows(float *c, int64_t ldc, const float *const a[R], const float *const b[R],
+                      int64_t n, int64_t m) {
+    for (int64_t x0 = 0; x0 < m; x0 += 2 * NV) {
+        const __mmask16 m0 = mask16(m - x0), m1 = m - x0 > NV ? mask16(m - x0 - NV) : 0;
+        __m512 b0[R], b1[R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            b0[r] = _mm512_maskz_loadu_ps(m0, b[r] + x0);
+            b1[r] = _mm512_maskz_loadu_ps(m1, b[r] + x0 + NV);
+        }
+        for (int64_t j = 0; j < n; j++) {
+            float *cj = c + j * ldc + x0;
+            __m512 c0 = _mm512_maskz_loadu_ps(m0, cj), c1 = _mm512_maskz_loadu_ps(m1, cj + NV);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                const __m512 x = _mm512_set1_ps(a[r][j]);
+                c0 = _mm512_fmadd_ps(x, b0[r], c0);
+                c1 = _mm512_fmadd_ps(x, b1[r], c1);
+            }
+            _mm512_mask_storeu_ps(cj, m0, c0);
+            _mm512_mask_storeu_ps(cj + NV, m1, c1);
+        }
+    }
+}
+
+/* Whether the n rows (m floats each, ld apart) at x are all finite: the
+ * exponent bits of every element ORed with those of an all-ones exponent
+ * test, one compare at the end. */
+static bool rows_finite(const float *x, int64_t ld, int64_t n, int64_t m) {
+    const __m512i ones = _mm512_set1_epi32(0x7f800000); /* the exponent of inf and NaN */
+    __m512i any = _mm512_setzero_si512();                /* lanes with one */
+    for (int64_t i = 0; i < n; i++) {
+        const float *r = x + i * ld;
+        int64_t c = 0;
+        for (; c + NV <= m; c += NV) {
+            const __m512i e = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(r + c)), ones);
+            any = _mm512_or_si512(any, _mm512_maskz_set1_epi32(
+                                           _mm512_cmpeq_epi32_mask(e, ones), -1));
+        }
+        if (c < m) {
+            const __mmask16 k = mask16(m - c);
+            const __m512i e =
+                _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(k, r + c)), ones);
+            any = _mm512_or_si512(any, _mm512_maskz_set1_epi32(
+                                           _mm512_mask_cmpeq_epi32_mask(k, e, ones), -1));
+        }
+    }
+    return _mm512_test_epi32_mask(any, any) == 0;
+}
+
+/* dst (n rows, ld apart) += f * src (n rows, lds apart), m floats a row. */
+static void add_rows_scaled(float *dst, int64_t ld, const float *src, int64_t lds, int64_t n,
+                            int64_t m, float f) {
+    const __m512 vf = _mm512_set1_ps(f);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t c = 0; c < m; c += NV) {
+            const __mmask16 k = mask16(m - c);
+            float *o = dst + i * ld + c;
+            _mm512_mask_storeu_ps(o, k,
+                                  _mm512_fmadd_ps(vf, _mm512_maskz_loadu_ps(k, src + i * lds + c),
+                                                  _mm512_maskz_loadu_ps(k, o)));
+        }
+}
+
+/* See mha_bwd_isa.pair_rows.  Per pair: K^T and V^T gathered in panels of
+ * 32 keys (gather_kt), K in panels of 32 columns (pack_v); per query head
+ * of the group and block of R rows: S = Q K^T and dP = dO V^T (mm_rows),
+ * P and dS by the ISA's row_grad (exactly the flash tiles' epilogue), dV
+ * += P^T dO and dK += dS^T Q (rank_rows, into the pair's accumulators),
+ * dQ = scale dS K (mm_rows); the caller's gradients are added to at the
+ * end, only when every input row of the pair was finite. */
+static bool bwd_pair_rows(const mha_attn_problem *p, const mha_attn_grad *g,
+                          const mha_bwd_isa *isa, const float *lse, const float *delta,
+                          int64_t b, int64_t hk, float *ws) {
+    const int64_t S = p->S, L = p->L, d = p->d, dv = p->dv, G = p->Hq / p->Hkv;
+    const int64_t Sp = (S + 2 * NV - 1) / (2 * NV) * (2 * NV);
+    const int64_t dp = (d + 2 * NV - 1) / (2 * NV) * (2 * NV);
+    const int64_t dvp = (dv + 2 * NV - 1) / (2 * NV) * (2 * NV);
+    const float *k = (const float *)p->k.data + b * p->k.stride[0] + hk * p->k.stride[1];
+    const float *v = (const float *)p->v.data + b * p->v.stride[0] + hk * p->v.stride[1];
+    const int64_t ldk = p->k.stride[2], ldv = p->v.stride[2];
+    if (!rows_finite(k, ldk, S, d) || !rows_finite(v, ldv, S, dv))
+        return false;
+    /* mha_attn_short_bwd_ws_floats's layout */
+    float *kt = ws, *vt = kt + d * Sp, *kp = vt + dv * Sp, *dka = kp + dp * Sp;
+    float *dva = dka + S * dp, *sc = dva + S * dvp, *ds = sc + R * Sp, *zero = ds + R * Sp;
+    float *dqw = zero + Sp;
+    gather_kt(kt, Sp, k, ldk, S, d);
+    gather_kt(vt, Sp, v, ldv, S, dv);
+    if (g->dq.data)
+        pack_v(kp, Sp, k, ldk, S, d);
+    memset(dka, 0, sizeof(float) * (size_t)(S * dp));
+    memset(dva, 0, sizeof(float) * (size_t)(S * dvp));
+    memset(zero, 0, sizeof(float) * (size_t)Sp);
+    const float one = 1.0f, scale = p->scale;
+    for (int64_t g0 = 0; g0 < G; g0++) {
+        const int64_t h = hk * G + g0, row0 = (b * p->Hq + h) * L;
+        const float *q = (const float *)p->q.data + b * p->q.stride[0] + h * p->q.stride[1];
+        const float *dout =
+            (const float *)g->dout.data + b * g->dout.stride[0] + h * g->dout.stride[1];
+        const int64_t ldq = p->q.stride[2], ldo = g->dout.stride[2];
+        if (!rows_finite(q, ldq, L, d) || !rows_finite(dout, ldo, L, dv))
+            return false;
+        for (int64_t i0 = 0; i0 < L; i0 += R) {
+            const int rows = L - i0 < R ? (int)(L - i0) : R;
+            const float *qr[R], *orow[R], *pr[R], *dr[R], *dsa[R];
+            float *sr[R], *dsr[R], *dqr[R];
+            for (int r = 0; r < R; r++) { /* rows past L repeat row 0 (not stored) */
+                const int rr = r < rows ? r : 0;
+                qr[r] = q + (i0 + rr) * ldq, orow[r] = dout + (i0 + rr) * ldo;
+                sr[r] = sc + rr * Sp, dsr[r] = ds + rr * Sp, dsa[r] = dsr[r];
+                dqr[r] = dqw + (g0 * L + i0 + rr) * dp;
+            }
+            mm_rows(sr, qr, kt, 2 * NV, d * 2 * NV, d, S, rows, &one, 0);
+            mm_rows(dsr, orow, vt, 2 * NV, dv * 2 * NV, dv, S, rows, &one, 0);
+            for (int r = 0; r < rows; r++) {
+                const float l = lse[row0 + i0 + r];
+                isa->row_grad(sr[r], dsr[r], S, l != -INFINITY ? S : 0, scale, NULL, l,
+                              delta[row0 + i0 + r]);
+            }
+            for (int r = 0; r < R; r++) /* rows past L add nothing */
+                pr[r] = r < rows ? sr[r] : zero, dr[r] = r < rows ? dsr[r] : zero;
+            if (g->dv.data)
+                rank_rows(dva, dvp, pr, orow, S, dv);
+            if (g->dk.data)
+                rank_rows(dka, dp, dr, qr, S, d);
+            if (g->dq.data)
+                mm_rows(dqr, dsa, kp, 2 * NV, Sp * 2 * NV, S, d, rows, &scale, 0);
+        }
+    }
+    /* every input finite: into the caller's gradients */
+    if (g->dk.data)
+        add_rows_scaled((float *)g->dk.data + b * g->dk.stride[0] + hk * g->dk.stride[1],
+                        g->dk.stride[2], dka, dp, S, d, scale);
+    if (g->dv.data)
+        add_rows_scaled((float *)g->dv.data + b * g->dv.stride[0] + hk * g->dv.stride[1],
+                        g->dv.stride[2], dva, dvp, S, dv, 1.0f);
+    if (g->dq.data)
+        for (int64_t g0 = 0; g0 < G; g0++)
+            add_rows_scaled((float *)g->dq.data + b * g->dq.stride[0] +
+                                (hk * G + g0) * g->dq.stride[1],
+                            g->dq.stride[2], dqw + g0 * L * dp, dp, L, d, 1.0f);
+    return true;
+}
+
+const mha_bwd_pair_rows_fn MHA_AVX512_SYMBOL(mha_attn_short_bwd_avx512_loop) = bwd_pair_rows;

@@ -683,9 +683,14 @@ bool mha_attn_bwd_rows_serve(const mha_attn_problem *p, const mha_attn_grad *g) 
     for (int i = 0; i < 7; i++)
         if (t[i]->data && (t[i]->dtype != MHA_F32 || t[i]->stride[3] != 1))
             return false;
+    /* causal masking off, or on the main diagonal (L = S, row i sees keys
+     * 0..i) */
+    const bool diagonal = p->causal == MHA_CAUSAL_NONE ||
+                          (p->L == p->S && p->offsets.data == NULL && !p->bottom_right_kv &&
+                           p->causal_offset == 0);
     const bool plain = p->mask.data == NULL && p->kpm.data == NULL && !p->window &&
-                       p->kv_len.data == NULL && p->alibi.data == NULL &&
-                       p->causal == MHA_CAUSAL_NONE && !p->dropout && !(p->softcap > 0.0f);
+                       p->kv_len.data == NULL && p->alibi.data == NULL && diagonal &&
+                       !p->dropout && !(p->softcap > 0.0f);
     const int64_t dmax = p->d > p->dv ? p->d : p->dv, G = p->Hq / p->Hkv;
     return plain && p->S > 0 && (double)p->S * (double)dmax <= MHA_BWD_ROWS_MAX_SD &&
            (double)G * (double)p->L * (double)round_up(p->d, 32) * sizeof(float) <=

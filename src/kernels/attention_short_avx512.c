@@ -317,9 +317,10 @@ static void add_rows_scaled(float *dst, int64_t ld, const float *src, int64_t ld
         }
 }
 
-/* See mha_bwd_isa.pair_rows.  Per pair: K^T and V^T gathered in panels of
- * 32 keys (gather_kt), K in panels of 32 columns (pack_v); per query head
- * of the group and block of R rows: S = Q K^T and dP = dO V^T (mm_rows),
+/* See mha_bwd_pair_rows_fn (attention_bwd.h).  Per pair: K^T and V^T
+ * gathered in panels of 32 keys (gather_kt), K in panels of 32 columns
+ * (pack_v); per query head of the group and block of R rows: S = Q K^T and
+ * dP = dO V^T (mm_rows; causal: over the keys of the block's last row),
  * P and dS by the ISA's row_grad (exactly the flash tiles' epilogue), dV
  * += P^T dO and dK += dS^T Q (rank_rows, into the pair's accumulators),
  * dQ = scale dS K (mm_rows); the caller's gradients are added to at the
@@ -348,6 +349,7 @@ static bool bwd_pair_rows(const mha_attn_problem *p, const mha_attn_grad *g,
     memset(dva, 0, sizeof(float) * (size_t)(S * dvp));
     memset(zero, 0, sizeof(float) * (size_t)Sp);
     const float one = 1.0f, scale = p->scale;
+    const bool causal = p->causal != MHA_CAUSAL_NONE; /* the main diagonal, L = S */
     for (int64_t g0 = 0; g0 < G; g0++) {
         const int64_t h = hk * G + g0, row0 = (b * p->Hq + h) * L;
         const float *q = (const float *)p->q.data + b * p->q.stride[0] + h * p->q.stride[1];
@@ -366,21 +368,23 @@ static bool bwd_pair_rows(const mha_attn_problem *p, const mha_attn_grad *g,
                 sr[r] = sc + rr * Sp, dsr[r] = ds + rr * Sp, dsa[r] = dsr[r];
                 dqr[r] = dqw + (g0 * L + i0 + rr) * dp;
             }
-            mm_rows(sr, qr, kt, 2 * NV, d * 2 * NV, d, S, rows, &one, 0);
-            mm_rows(dsr, orow, vt, 2 * NV, dv * 2 * NV, dv, S, rows, &one, 0);
-            for (int r = 0; r < rows; r++) {
+            /* keys the block sees (causal: those of its last row) */
+            const int64_t Sb = causal ? i0 + rows : S;
+            mm_rows(sr, qr, kt, 2 * NV, d * 2 * NV, d, Sb, rows, &one, 0);
+            mm_rows(dsr, orow, vt, 2 * NV, dv * 2 * NV, dv, Sb, rows, &one, 0);
+            for (int r = 0; r < rows; r++) { /* P = dS = 0 past a row's own keys */
                 const float l = lse[row0 + i0 + r];
-                isa->row_grad(sr[r], dsr[r], S, l != -INFINITY ? S : 0, scale, NULL, l,
-                              delta[row0 + i0 + r]);
+                const int64_t lim = l == -INFINITY ? 0 : causal ? i0 + r + 1 : S;
+                isa->row_grad(sr[r], dsr[r], Sb, lim, scale, NULL, l, delta[row0 + i0 + r]);
             }
             for (int r = 0; r < R; r++) /* rows past L add nothing */
                 pr[r] = r < rows ? sr[r] : zero, dr[r] = r < rows ? dsr[r] : zero;
             if (g->dv.data)
-                rank_rows(dva, dvp, pr, orow, S, dv);
+                rank_rows(dva, dvp, pr, orow, Sb, dv);
             if (g->dk.data)
-                rank_rows(dka, dp, dr, qr, S, d);
+                rank_rows(dka, dp, dr, qr, Sb, d);
             if (g->dq.data)
-                mm_rows(dqr, dsa, kp, 2 * NV, Sp * 2 * NV, S, d, rows, &scale, 0);
+                mm_rows(dqr, dsa, kp, 2 * NV, Sp * 2 * NV, Sb, d, rows, &scale, 0);
         }
     }
     /* every input finite: into the caller's gradients */

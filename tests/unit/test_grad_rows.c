@@ -11,7 +11,8 @@
  * their gradients must be BIT-IDENTICAL to the avx2 tiles' - the strongest
  * check there is of their blocking, tails and group sums.  Each case also
  * meets the float64 reference at max|g - ref| <= 1e-4 * max(1, max|ref|),
- * is bit-identical for 1 and 3 threads, and is checked to be served.  A
+ * is bit-identical for 1 and 3 threads, and is checked to be served;
+ * causal cases sit on the main diagonal (the rows' other case served).  A
  * pair with a non-finite input is left to the tiles (their zero-skipping
  * products): the gradients must then still equal the avx2 tiles' and the
  * reference's wherever those are finite.
@@ -23,25 +24,33 @@
 typedef struct rows_cfg {
     int64_t B, Hq, Hkv, L, S, d, dv;
     bool dq, dk, dv_wanted; /* which gradients are asked for */
+    mha_causal causal;      /* NONE, or on the main diagonal (L = S) */
 } rows_cfg;
 
 static const rows_cfg CASES[] = {
     /* one query row, one key, d = dv = 1: one lane of one panel */
-    {1, 1, 1, 1, 1, 1, 1, true, true, true},
+    {1, 1, 1, 1, 1, 1, 1, true, true, true, MHA_CAUSAL_NONE},
     /* L and S past every block and panel (7 rows of a block of 8; 17 keys:
      * a panel of 32 with 15 past S), d 5, dv 33 (two panels, one lane) */
-    {2, 2, 2, 7, 17, 5, 33, true, true, true},
+    {2, 2, 2, 7, 17, 5, 33, true, true, true, MHA_CAUSAL_NONE},
     /* GQA 6 / 2 (three query heads add into one dK, dV), L 37 = 4 blocks
      * and 5 rows, d 16 (half a panel), dv 1 */
-    {1, 6, 2, 37, 130, 16, 1, true, true, true},
+    {1, 6, 2, 37, 130, 16, 1, true, true, true, MHA_CAUSAL_NONE},
     /* the embedding shape, smaller: L = S = 128, d 32 (one whole panel),
      * 4 pairs */
-    {2, 2, 2, 128, 128, 32, 32, true, true, true},
+    {2, 2, 2, 128, 128, 32, 32, true, true, true, MHA_CAUSAL_NONE},
     /* d 64 (two panels), S 127, a kv head shared by 4 query heads */
-    {1, 4, 1, 40, 127, 64, 48, true, true, true},
+    {1, 4, 1, 40, 127, 64, 48, true, true, true, MHA_CAUSAL_NONE},
     /* only dq; only dk and dv */
-    {2, 3, 3, 9, 50, 24, 24, true, false, false},
-    {2, 3, 1, 9, 50, 24, 24, false, true, true},
+    {2, 3, 3, 9, 50, 24, 24, true, false, false, MHA_CAUSAL_NONE},
+    {2, 3, 1, 9, 50, 24, 24, false, true, true, MHA_CAUSAL_NONE},
+    /* causal on the main diagonal: each block's products stop at its last
+     * row's keys, each row's P and dS at its own */
+    {1, 1, 1, 1, 1, 1, 1, true, true, true, MHA_CAUSAL_TOP_LEFT},
+    {2, 2, 2, 17, 17, 5, 33, true, true, true, MHA_CAUSAL_TOP_LEFT},
+    {1, 6, 2, 37, 37, 16, 1, true, true, true, MHA_CAUSAL_BOTTOM_RIGHT},
+    {2, 2, 2, 128, 128, 32, 32, true, true, true, MHA_CAUSAL_TOP_LEFT},
+    {1, 2, 1, 100, 100, 64, 40, true, false, true, MHA_CAUSAL_BOTTOM_RIGHT},
 };
 
 typedef struct rows_case {
@@ -62,6 +71,7 @@ static void case_make(rows_case *t, const rows_cfg *c, uint64_t seed) {
     for (int x = 0; x < 4; x++)
         t->data[x] = test_tensor(dst[x], 4, shapes[x], seed * 8 + (uint64_t)x);
     mha_sdpa_options_init(&t->opt);
+    t->opt.causal = c->causal;
 }
 
 static void case_free(rows_case *t) {
@@ -191,7 +201,7 @@ TEST(grad_rows_nonfinite_pair_takes_tiles) {
         SKIP("kernel avx512: no AVX-512 on this CPU and no emulation in this build");
     if (!test_kernel_runs(MHA_KERNEL_AVX2))
         SKIP("kernel avx2: not on this CPU (the tiles to compare with)");
-    const rows_cfg c = {2, 4, 2, 19, 40, 16, 16, true, true, true};
+    const rows_cfg c = {2, 4, 2, 19, 40, 16, 16, true, true, true, MHA_CAUSAL_NONE};
     rows_case t;
     case_make(&t, &c, 77);
     ((float *)t.k.data)[(0 * 2 + 1) * 40 * 16 + 5 * 16 + 3] = NAN;
@@ -222,14 +232,14 @@ TEST(grad_rows_nonfinite_pair_takes_tiles) {
 }
 
 TEST(grad_rows_serve_only_plain_problems) {
-    const rows_cfg c = {1, 2, 2, 40, 64, 32, 32, true, true, true};
+    const rows_cfg c = {1, 2, 2, 40, 64, 32, 32, true, true, true, MHA_CAUSAL_NONE};
     rows_case t;
     case_make(&t, &c, 5);
     mha_tensor g[3];
     for (int x = 0; x < 3; x++)
         g[x] = x == 0 ? t.q : x == 1 ? t.k : t.v; /* views of the right shapes */
     CHECK(served(&t, g));
-    t.opt.causal = MHA_CAUSAL_TOP_LEFT;
+    t.opt.causal = MHA_CAUSAL_TOP_LEFT; /* L 40 != S 64: not the main diagonal */
     CHECK(!served(&t, g));
     mha_sdpa_options_init(&t.opt);
     t.opt.training = 1, t.opt.dropout_p = 0.1f;
@@ -248,13 +258,25 @@ TEST(grad_rows_serve_only_plain_problems) {
     g[0].data = NULL; /* dq not asked for: still served */
     CHECK(served(&t, g));
     case_free(&t);
+    /* causal on a square problem: the main diagonal served, another not */
+    const rows_cfg square = {1, 2, 2, 40, 40, 32, 32, true, true, true, MHA_CAUSAL_TOP_LEFT};
+    case_make(&t, &square, 8);
+    g[0] = t.q, g[1] = t.k, g[2] = t.v;
+    CHECK(served(&t, g));
+    t.opt.causal = MHA_CAUSAL_BOTTOM_RIGHT;
+    CHECK(served(&t, g));
+    t.opt.causal = MHA_CAUSAL_OFFSET, t.opt.causal_offset = 3;
+    CHECK(!served(&t, g));
+    t.opt.causal_offset = 0;
+    CHECK(served(&t, g));
+    case_free(&t);
     /* S max(d, dv) at the bound (served) and one key past it (not) */
-    const rows_cfg edge = {1, 1, 1, 8, MHA_BWD_ROWS_MAX_SD / 32, 32, 32, true, true, true};
+    const rows_cfg edge = {1, 1, 1, 8, MHA_BWD_ROWS_MAX_SD / 32, 32, 32, true, true, true, MHA_CAUSAL_NONE};
     case_make(&t, &edge, 6);
     g[0] = t.q, g[1] = t.k, g[2] = t.v;
     CHECK(served(&t, g));
     case_free(&t);
-    const rows_cfg past = {1, 1, 1, 8, MHA_BWD_ROWS_MAX_SD / 32 + 1, 32, 32, true, true, true};
+    const rows_cfg past = {1, 1, 1, 8, MHA_BWD_ROWS_MAX_SD / 32 + 1, 32, 32, true, true, true, MHA_CAUSAL_NONE};
     case_make(&t, &past, 7);
     g[0] = t.q, g[1] = t.k, g[2] = t.v;
     CHECK(!served(&t, g));

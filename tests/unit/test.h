@@ -103,6 +103,28 @@ double test_rel_err(const float *y, const float *ref, size_t n);
 /* A float tensor view over malloc'd, randn-filled data (free with free()). */
 float *test_tensor(mha_tensor *t, int ndim, const int64_t *shape, uint64_t seed);
 
+/* The elements of t (the product of its shape). */
+size_t test_numel(const mha_tensor *t);
+
+/* Elements of a and b (n each) whose bit patterns differ, NaN against NaN
+ * counted equal (payloads are not specified). */
+size_t test_bits_differ(const float *a, const float *b, size_t n);
+
+/* Whether mha_sdpa_backward on these tensors and options takes the
+ * whole-row backward (mha_attn_bwd_rows_serve, before the kernel's own
+ * conditions: the avx512 kernel and finite inputs); dq, dk, dv NULL when
+ * not asked for. */
+bool test_bwd_rows_served(const mha_tensor *q, const mha_tensor *k, const mha_tensor *v,
+                          const mha_tensor *dout, const mha_tensor *dq, const mha_tensor *dk,
+                          const mha_tensor *dv, const mha_sdpa_options *opt);
+
+/* The inputs of an attention backward: q (B,Hq,L,d), k (B,Hkv,S,d),
+ * v (B,Hkv,S,dv), dout (B,Hq,L,dv) (test_tensor, seeds seed*8 + 0..3; free
+ * data[0..3]), their shapes in shape[0..3]. */
+void test_sdpa_grad_inputs(mha_tensor *q, mha_tensor *k, mha_tensor *v, mha_tensor *dout,
+                           float *data[4], int64_t shape[4][4], const int64_t dims[7],
+                           uint64_t seed);
+
 /* True when this build and CPU run the attention kernel; otherwise notes it
  * skipped in the current test (SKIP_PART), so the caller just moves on. */
 bool test_kernel_runs(mha_kernel kernel);

@@ -11,7 +11,10 @@
  * BIT-IDENTICAL to the AVX2 ones: any wrong lane, panel, tail mask or
  * accumulate flag shows up as a difference.  Each case also meets the
  * float64 reference at max|g - ref| <= 1e-4 * max(1, max|ref|) and is
- * bit-identical for 1, 2 and 5 threads.  On CPUs without AVX-512 the test
+ * bit-identical for 1, 2 and 5 threads.  The plain problems with short
+ * rows take the whole-row backward instead of the tiles
+ * (attention_short_avx512.c, checked to be served), which sums in the
+ * tiles' order: the same bitwise check holds for them.  On CPUs without AVX-512 the test
  * library runs the emulated build of the same source (tests/unit/main.c);
  * test_avx512.c checks that where it cannot run it is refused.
  */
@@ -24,30 +27,46 @@ typedef struct bwd512_cfg {
     int mask;    /* 1: bool (L,S), about a quarter masked, row 1 all masked */
     int kpm;     /* 1: float (B,S) additive key padding                     */
     int special; /* 1: dropout 0.2 and softcap 3 (the per-element epilogue) */
+    int rows;    /* 1: taken by the whole rows (mha_attn_bwd_rows_serve)    */
 } bwd512_cfg;
 
 static const bwd512_cfg CASES[] = {
     /* L = S = d = dv = 1: one row, one key, one column of one panel */
-    {1, 1, 1, 1, 1, 1, 1, MHA_CAUSAL_NONE, 0, 0, 0, 0},
+    {1, 1, 1, 1, 1, 1, 1, MHA_CAUSAL_NONE, 0, 0, 0, 0, 1},
     /* one query row; S one past a key block (a 1-key block: one panel) */
-    {1, 2, 1, 1, 97, 16, 32, MHA_CAUSAL_NONE, 0, 0, 0, 0},
+    {1, 2, 1, 1, 97, 16, 32, MHA_CAUSAL_NONE, 0, 0, 0, 0, 1},
     /* d 3 panels (2 + the odd one), dv 2 panels with 15 zero columns (12-row
      * products for dV only) */
-    {2, 1, 1, 7, 33, 48, 17, MHA_CAUSAL_TOP_LEFT, 0, 0, 0, 0},
+    {2, 1, 1, 7, 33, 48, 17, MHA_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 0},
     /* L one past a query tile, S a whole block, d 5 panels, dv = 1 */
-    {1, 1, 1, 49, 96, 80, 1, MHA_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 0},
+    {1, 1, 1, 49, 96, 80, 1, MHA_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 0, 0},
     /* GQA 6/2, bool mask with a dead row, causal, d 3 panels, dv 4 */
-    {1, 6, 2, 13, 200, 33, 64, MHA_CAUSAL_TOP_LEFT, 0, 1, 0, 0},
+    {1, 6, 2, 13, 200, 33, 64, MHA_CAUSAL_TOP_LEFT, 0, 1, 0, 0, 0},
     /* float key padding, offset causal, several tiles and blocks */
-    {2, 2, 2, 100, 150, 8, 5, MHA_CAUSAL_OFFSET, 30, 0, 1, 0},
+    {2, 2, 2, 100, 150, 8, 5, MHA_CAUSAL_OFFSET, 30, 0, 1, 0, 0},
     /* dropout and softcap with a mask: scalar epilogue, AVX-512 products */
-    {1, 3, 1, 20, 40, 24, 24, MHA_CAUSAL_NONE, 0, 1, 0, 1},
+    {1, 3, 1, 20, 40, 24, 24, MHA_CAUSAL_NONE, 0, 1, 0, 1, 0},
     /* 16 (b, kv head) pairs, one split: dQ summed per task; 12-row products
      * (d, dv <= 32) on 37 rows (three groups of 12 and one row) */
-    {8, 4, 2, 37, 50, 32, 17, MHA_CAUSAL_NONE, 0, 0, 0, 0},
+    {8, 4, 2, 37, 50, 32, 17, MHA_CAUSAL_NONE, 0, 0, 0, 0, 1},
     /* d <= 32 < dv: 12-row products for dK and dQ only; 31 rows (two
      * groups of 12, one of 6 and one past nr), a kv head shared by two */
-    {2, 2, 1, 31, 70, 20, 40, MHA_CAUSAL_NONE, 0, 0, 0, 0},
+    {2, 2, 1, 31, 70, 20, 40, MHA_CAUSAL_NONE, 0, 0, 0, 0, 1},
+    /* whole rows (attention_short_avx512.c's bwd_pair_rows), which sum in
+     * the tiles' order: L and S past every block and panel (7 rows of a
+     * block of 8; 17 keys, 15 lanes of a 32-key panel past S), d 5, dv 33 */
+    {2, 2, 2, 7, 17, 5, 33, MHA_CAUSAL_NONE, 0, 0, 0, 0, 1},
+    /* GQA 6 / 2 (three query heads add into one dK, dV), L 37, d 16, dv 1 */
+    {1, 6, 2, 37, 130, 16, 1, MHA_CAUSAL_NONE, 0, 0, 0, 0, 1},
+    /* the embedding shape, smaller: L = S = 128, d 32; d 64, S 127 */
+    {2, 2, 2, 128, 128, 32, 32, MHA_CAUSAL_NONE, 0, 0, 0, 0, 1},
+    {1, 4, 1, 40, 127, 64, 48, MHA_CAUSAL_NONE, 0, 0, 0, 0, 1},
+    /* causal on the main diagonal (each block's products stop at its last
+     * row's keys, each row's P and dS at its own) */
+    {1, 1, 1, 1, 1, 1, 1, MHA_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 1},
+    {2, 2, 2, 17, 17, 5, 33, MHA_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 1},
+    {1, 6, 2, 37, 37, 16, 1, MHA_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 0, 1},
+    {2, 2, 2, 128, 128, 32, 32, MHA_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 1},
 };
 
 typedef struct bwd512_case {
@@ -59,14 +78,8 @@ typedef struct bwd512_case {
 
 static void case_make(bwd512_case *t, const bwd512_cfg *c, uint64_t seed) {
     memset(t, 0, sizeof *t);
-    const int64_t shapes[4][4] = {{c->B, c->Hq, c->L, c->d},
-                                  {c->B, c->Hkv, c->S, c->d},
-                                  {c->B, c->Hkv, c->S, c->dv},
-                                  {c->B, c->Hq, c->L, c->dv}};
-    memcpy(t->shape, shapes, sizeof shapes);
-    mha_tensor *dst[4] = {&t->q, &t->k, &t->v, &t->dout};
-    for (int x = 0; x < 4; x++)
-        t->data[x] = test_tensor(dst[x], 4, shapes[x], seed * 8 + (uint64_t)x);
+    test_sdpa_grad_inputs(&t->q, &t->k, &t->v, &t->dout, t->data, t->shape,
+                          (const int64_t[7]){c->B, c->Hq, c->Hkv, c->L, c->S, c->d, c->dv}, seed);
     mha_sdpa_options_init(&t->opt);
     t->opt.causal = c->causal;
     t->opt.causal_offset = c->offset;
@@ -94,13 +107,6 @@ static void case_free(bwd512_case *t) {
     free(t->md), free(t->kd);
 }
 
-static size_t numel(const mha_tensor *t) {
-    size_t n = 1;
-    for (int i = 0; i < t->ndim; i++)
-        n *= (size_t)t->shape[i];
-    return n;
-}
-
 /* dq, dk, dv (fresh, zeroed; caller frees) on `kernel` at `threads`. */
 static mha_status grads(bwd512_case *t, mha_kernel kernel, int threads, mha_tensor g[3]) {
     mha_status st = MHA_OK;
@@ -125,11 +131,8 @@ static void free3(mha_tensor g[3]) {
 /* Elements whose bit patterns differ, over the three gradients. */
 static size_t differ3(mha_tensor a[3], mha_tensor b[3]) {
     size_t n = 0;
-    for (int x = 0; x < 3; x++) {
-        const uint32_t *pa = a[x].data, *pb = b[x].data;
-        for (size_t e = 0; e < numel(&a[x]); e++)
-            n += pa[e] != pb[e];
-    }
+    for (int x = 0; x < 3; x++)
+        n += test_bits_differ(a[x].data, b[x].data, test_numel(&a[x]));
     return n;
 }
 
@@ -148,9 +151,11 @@ TEST(grad_avx512_matches_avx2_and_reference) {
         mha_tensor gr[3], g5[3], g2[3];
         REQUIRE_OK(grads(&t, MHA_KERNEL_REF, 1, gr));
         REQUIRE_OK(grads(&t, MHA_KERNEL_AVX512, 1, g5));
+        CHECK(test_bwd_rows_served(&t.q, &t.k, &t.v, &t.dout, &g5[0], &g5[1], &g5[2], &t.opt) ==
+              (c->rows != 0));
         double e = 0.0;
         for (int y = 0; y < 3; y++) {
-            const double ey = test_rel_err(g5[y].data, gr[y].data, numel(&gr[y]));
+            const double ey = test_rel_err(g5[y].data, gr[y].data, test_numel(&gr[y]));
             e = ey > e || ey != ey ? ey : e;
         }
         worst = e > worst || e != e ? e : worst;

@@ -1,6 +1,7 @@
 /* util.c - helpers shared by the unit tests. */
 #include "test.h"
 #include "internal.h" /* mha_test_* allocation hooks */
+#include "kernels/attention_bwd.h" /* mha_attn_bwd_rows_serve */
 
 void test_randn(float *x, size_t n, uint64_t seed) {
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
@@ -52,6 +53,46 @@ float *test_tensor(mha_tensor *t, int ndim, const int64_t *shape, uint64_t seed)
         return NULL;
     }
     return data;
+}
+
+size_t test_numel(const mha_tensor *t) {
+    size_t n = 1;
+    for (int i = 0; i < t->ndim; i++)
+        n *= (size_t)t->shape[i];
+    return n;
+}
+
+size_t test_bits_differ(const float *a, const float *b, size_t n) {
+    size_t k = 0;
+    for (size_t e = 0; e < n; e++)
+        k += memcmp(&a[e], &b[e], sizeof(float)) != 0 && !(a[e] != a[e] && b[e] != b[e]);
+    return k;
+}
+
+void test_sdpa_grad_inputs(mha_tensor *q, mha_tensor *k, mha_tensor *v, mha_tensor *dout,
+                           float *data[4], int64_t shape[4][4], const int64_t dims[7],
+                           uint64_t seed) {
+    const int64_t B = dims[0], Hq = dims[1], Hkv = dims[2], L = dims[3], S = dims[4];
+    const int64_t d = dims[5], dv = dims[6]; /* B, Hq, Hkv, L, S, d, dv */
+    const int64_t shapes[4][4] = {{B, Hq, L, d}, {B, Hkv, S, d}, {B, Hkv, S, dv}, {B, Hq, L, dv}};
+    memcpy(shape, shapes, sizeof shapes);
+    mha_tensor *t[4] = {q, k, v, dout};
+    for (int x = 0; x < 4; x++)
+        data[x] = test_tensor(t[x], 4, shapes[x], seed * 8 + (uint64_t)x);
+}
+
+bool test_bwd_rows_served(const mha_tensor *q, const mha_tensor *k, const mha_tensor *v,
+                          const mha_tensor *dout, const mha_tensor *dq, const mha_tensor *dk,
+                          const mha_tensor *dv, const mha_sdpa_options *opt) {
+    mha_attn_problem p;
+    mha_tensor o; /* the forward's output: its shape and checks only */
+    float *od = test_tensor(&o, 4, dout->shape, 1);
+    bool ok = mha_sdpa_problem_init(&p, q, k, v, &o, opt) == MHA_OK;
+    const mha_tensor none = {0};
+    mha_attn_grad g = {dq ? *dq : none, dk ? *dk : none, dv ? *dv : none, *dout, none, none};
+    ok = ok && mha_attn_bwd_rows_serve(&p, &g);
+    free(od);
+    return ok;
 }
 
 const char *test_fixture_root(void) {

@@ -98,12 +98,19 @@ MHA_AVX512_DECLARE(mha_bwd_pair_rows_fn, mha_attn_short_bwd_avx512_loop);
 #ifndef MHA_BWD_ROWS_MAX_SD
 #define MHA_BWD_ROWS_MAX_SD 8192
 #endif
+/* The same bound with causal masking, whose blocks see half the keys on
+ * average: up to 32768 the whole rows were 8-14 % faster than the tiles at
+ * d = 64 and level at d = 32 (docs/backward.md, "Whole rows"). */
+#ifndef MHA_BWD_ROWS_CAUSAL_MAX_SD
+#define MHA_BWD_ROWS_CAUSAL_MAX_SD 32768
+#endif
 
 /* Whether the whole-row backward serves p (the shape's and options' alone,
- * never the threads'): a plain problem (no mask, bias, causal masking,
- * window, dropout or softcap), float32 tensors with unit column strides,
- * S max(d, dv) <= MHA_BWD_ROWS_MAX_SD (attention_bwd_flash.c) and the
- * group's dQ rows (G L d) within the driver's dQ budget. */
+ * never the threads'): a plain problem (no mask, bias, window, dropout or
+ * softcap; causal masking only on the main diagonal), float32 tensors with
+ * unit column strides, S max(d, dv) <= MHA_BWD_ROWS_MAX_SD (causal:
+ * MHA_BWD_ROWS_CAUSAL_MAX_SD) and the group's dQ rows (G L d) within the
+ * driver's dQ budget. */
 bool mha_attn_bwd_rows_serve(const mha_attn_problem *p, const mha_attn_grad *g);
 
 /* Fused tiles: recomputes P from lse per (query tile, key block), never

@@ -692,7 +692,9 @@ bool mha_attn_bwd_rows_serve(const mha_attn_problem *p, const mha_attn_grad *g) 
                        p->kv_len.data == NULL && p->alibi.data == NULL && diagonal &&
                        !p->dropout && !(p->softcap > 0.0f);
     const int64_t dmax = p->d > p->dv ? p->d : p->dv, G = p->Hq / p->Hkv;
-    return plain && p->S > 0 && (double)p->S * (double)dmax <= MHA_BWD_ROWS_MAX_SD &&
+    const double bound =
+        p->causal == MHA_CAUSAL_NONE ? MHA_BWD_ROWS_MAX_SD : MHA_BWD_ROWS_CAUSAL_MAX_SD;
+    return plain && p->S > 0 && (double)p->S * (double)dmax <= bound &&
            (double)G * (double)p->L * (double)round_up(p->d, 32) * sizeof(float) <=
                (double)DQ_TASK_BUDGET_BYTES;
 }

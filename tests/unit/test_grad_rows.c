@@ -7,7 +7,8 @@
  * Letter legend: B batch, Hq query heads, Hkv kv heads, L query length,
  * S key length, d head dim of q/k, dv head dim of v.
  *
- * The whole rows sum every gradient element in the tiles' order, so their
+ * The whole rows sum every gradient element in the tiles' order (dQ too
+ * where the tiles have one key block, as in every case here), so their
  * gradients must be BIT-IDENTICAL to the avx2 tiles' (NaN against NaN
  * counted equal) and within 1e-4 * max(1, max|ref|) of the float64
  * reference wherever the inputs are finite.
@@ -205,6 +206,18 @@ TEST(grad_rows_serve_only_plain_problems) {
     case_free(&t);
     const rows_cfg past = {1, 1, 1, 8, MHA_BWD_ROWS_MAX_SD / 32 + 1, 32, 32, true, true, true, MHA_CAUSAL_NONE};
     case_make(&t, &past, 7);
+    g[0] = t.q, g[1] = t.k, g[2] = t.v;
+    CHECK(!served(&t, g));
+    case_free(&t);
+    /* causal: its own bound (L = S at it, and one past it) */
+    const int64_t lc = MHA_BWD_ROWS_CAUSAL_MAX_SD / 64;
+    const rows_cfg cedge = {1, 1, 1, lc, lc, 64, 64, true, true, true, MHA_CAUSAL_TOP_LEFT};
+    case_make(&t, &cedge, 9);
+    g[0] = t.q, g[1] = t.k, g[2] = t.v;
+    CHECK(served(&t, g));
+    case_free(&t);
+    const rows_cfg cpast = {1, 1, 1, lc + 1, lc + 1, 64, 64, true, true, true, MHA_CAUSAL_TOP_LEFT};
+    case_make(&t, &cpast, 10);
     g[0] = t.q, g[1] = t.k, g[2] = t.v;
     CHECK(!served(&t, g));
     case_free(&t);

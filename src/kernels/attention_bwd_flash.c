@@ -678,6 +678,10 @@ static void saved_row_stats(const mha_attn_grad *g, int64_t dv, int64_t b, int64
     *delta = (float)D;
 }
 
+/* Whether the tiles still owe pair its gradients (the whole rows did not
+ * serve it). */
+static bool tiles_take(const bwd_ctx *c, int64_t pair) { return !c->served || !c->served[pair]; }
+
 bool mha_attn_bwd_rows_serve(const mha_attn_problem *p, const mha_attn_grad *g) {
     const mha_tensor *t[7] = {&p->q, &p->k, &p->v, &g->dout, &g->dq, &g->dk, &g->dv};
     for (int i = 0; i < 7; i++)
@@ -785,11 +789,12 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
     if (whole_rows && mha_attn_bwd_rows_serve(p, g)) {
         const size_t per_rows = (size_t)round_up(
             mha_attn_short_bwd_ws_floats(p->S, p->d, p->dv, G, p->L), 16);
-        rows_buf = mha_malloc(sizeof(float) * per_rows * (size_t)nthreads + (size_t)pairs);
+        const size_t rows_bytes = sizeof(float) * per_rows * (size_t)nthreads + (size_t)pairs;
+        rows_buf = mha_malloc(rows_bytes);
         if (!rows_buf) {
             mha_free(buf);
-            return mha_error(MHA_ERR_NOMEM, "attention backward: cannot allocate %zu floats",
-                             per_rows * (size_t)nthreads);
+            return mha_error(MHA_ERR_NOMEM, "attention backward: cannot allocate %zu bytes",
+                             rows_bytes);
         }
         float *rws = rows_buf;
         bool *served = (bool *)(rws + per_rows * (size_t)nthreads);
@@ -820,12 +825,12 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
             c.bh0 = c0 * G; /* (implied barrier: no task still reads the last chunk) */
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < ntiles; t++)
-                if (!c.served || !c.served[(c0 * G + t / c.ntile) / G])
+                if (tiles_take(&c, (c0 * G + t / c.ntile) / G))
                     pack_tile(&c, c0 * G + t / c.ntile, t % c.ntile);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < tasks; t++) {
                 int64_t split = t % c.nsplit, pair = c0 + t / c.nsplit;
-                if (!c.served || !c.served[pair])
+                if (tiles_take(&c, pair))
                     task_backward(&c, &w, pair / p->Hkv, pair % p->Hkv, split);
             }
         }
@@ -838,7 +843,7 @@ mha_status mha_attn_bwd_flash_run(const mha_attn_problem *p, const mha_attn_grad
             row_cursor at = row_at(p, r0);
             const int64_t r1 = rows - r0 < ROWS_PER_STEP ? rows : r0 + ROWS_PER_STEP;
             for (int64_t r = r0; r < r1; r++, row_next(p, &at))
-                if (!c.served || !c.served[(at.b * p->Hq + at.h) / G])
+                if (tiles_take(&c, (at.b * p->Hq + at.h) / G))
                     add_dq_row(&c, at.b, at.h, at.i, c.dq_part + r * c.dp, c.nsplit,
                                split_stride);
         }

@@ -246,7 +246,7 @@ static void attn_short_avx512(float *ctx, int64_t ldo, const float *q, const flo
 
 const mha_attn_short_fn MHA_AVX512_SYMBOL(mha_attn_short_avx512_loop) = attn_short_avx512;
 
-/* ---- the whole-row backward (mha_bwd_isa.pair_rows) ------------------------ */
+/* ---- the whole-row backward (mha_bwd_pair_rows_fn, attention_bwd.h) -------- */
 
 /* c (n, m) rows ldc apart += a^T b over the R rows of a block: c[j] +=
  * sum_r a[r][j] b[r] (a[r]: n values, b[r]: m values), each element one
@@ -278,29 +278,19 @@ static void rank_rows(float *c, int64_t ldc, const float *const a[R], const floa
     }
 }
 
-/* Whether the n rows (m floats each, ld apart) at x are all finite: the
- * exponent bits of every element ORed with those of an all-ones exponent
- * test, one compare at the end. */
+/* Whether the n rows (m floats each, ld apart) at x are all finite (no
+ * element with the all-ones exponent of inf and NaN). */
 static bool rows_finite(const float *x, int64_t ld, int64_t n, int64_t m) {
-    const __m512i ones = _mm512_set1_epi32(0x7f800000); /* the exponent of inf and NaN */
-    __m512i any = _mm512_setzero_si512();                /* lanes with one */
-    for (int64_t i = 0; i < n; i++) {
-        const float *r = x + i * ld;
-        int64_t c = 0;
-        for (; c + NV <= m; c += NV) {
-            const __m512i e = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(r + c)), ones);
-            any = _mm512_or_si512(any, _mm512_maskz_set1_epi32(
-                                           _mm512_cmpeq_epi32_mask(e, ones), -1));
-        }
-        if (c < m) {
+    const __m512i ones = _mm512_set1_epi32(0x7f800000);
+    __mmask16 bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t c = 0; c < m; c += NV) {
             const __mmask16 k = mask16(m - c);
-            const __m512i e =
-                _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(k, r + c)), ones);
-            any = _mm512_or_si512(any, _mm512_maskz_set1_epi32(
-                                           _mm512_mask_cmpeq_epi32_mask(k, e, ones), -1));
+            const __m512i e = _mm512_and_si512(
+                _mm512_castps_si512(_mm512_maskz_loadu_ps(k, x + i * ld + c)), ones);
+            bad |= _mm512_mask_cmpeq_epi32_mask(k, e, ones);
         }
-    }
-    return _mm512_test_epi32_mask(any, any) == 0;
+    return bad == 0;
 }
 
 /* dst (n rows, ld apart) += f * src (n rows, lds apart), m floats a row. */

@@ -1,40 +1,45 @@
-/* test_decode_avx512.c - the AVX-512 loops of the decode step
- * (src/kernels/attention_decode_avx512.c), on the CPU or emulated (main.c
- * sets MHA_TEST_AVX512=emulate where the CPU lacks AVX-512).
+/* test_decode_loops.c - the SIMD loops of the decode step
+ * (src/kernels/attention_decode_avx2.c, attention_decode_avx512.c), each
+ * where it runs (avx512 also emulated: main.c sets MHA_TEST_AVX512=emulate
+ * where the CPU lacks AVX-512), and the avx512 step as a whole.
  *
  * Letter legend: G query heads per kv head, n keys of one split, d head dim
  * of q/k, dv of v; B, Hq, Hkv, T tokens appended, W window (0 = none).
  *
  * Each loop against its reference, on the shapes that reach every tile and
  * tail (d = 1, 15, 16, 17, 40, 128, 300, 520 - a bf16 cache's q split in
- * 32-element pairs up to 512; dv = 1, 15, 16, 33, 100, 128, 200; G =
- * 1..9, 16; n = 1, 15, 17, 255, 256 keys of a split):
+ * 16- (avx2) or 32-element (avx512) pairs up to 512; dv = 1, 15, 16, 33,
+ * 100, 128, 200; G = 1..9, 16; n = 1, 15, 17, 255, 256 keys of a split):
  *   qk       vs a float64 dot product, |err| <= 1e-6 sum |q k|;
- *   pv       within 1e-6 of the float64 sum |p v|, and bit-identical to
- *            the AVX2 loop where it runs and dv is a multiple of 8 (the
- *            same fma order over keys; AVX2's scalar tail columns use a
- *            separate multiply and add);
+ *   pv       within 1e-6 of the float64 sum |p v|; a half V bit-identical
+ *            to a float32 V holding the same values (the bf16 pair tiles
+ *            keep each element's FMA chain over keys); avx512 bit-identical
+ *            to the AVX2 loop where dv is a multiple of 8 (the same fma
+ *            order over keys; AVX2's scalar tail columns use a separate
+ *            multiply and add);
  *   exp_sum  every exp within 2 float ulp of exp() and the sum within
  *            1e-6, and exp(-inf) exactly 0, NaN kept;
  *   round_p  bit-identical to mha_round_to (ties, subnormals, inf, NaN).
  * Then the whole decode step on the avx512 kernel against the reference
  * kernel for fp32, fp16 and bf16 caches (lengths 1, 255, 257, 1000, a
  * sliding window wrapped, G = 1 and 4), bit-identical for 1, 2 and 3
- * threads.  Tolerances were measured (worst seen printed) and bounded with
- * a margin; a loop with a wrong index or tail is off by far more.
+ * threads (the avx2 step: test_decode.c, test_decode_half.c).  Tolerances
+ * were measured (worst seen printed) and bounded with a margin; a loop with
+ * a wrong index or tail is off by far more.
  */
 #include "test.h"
 #include "internal.h"
 #include "kernels/attention_decode.h"
 #include "kernels/convert.h"
 
-/* The avx512 table, or NULL (skipped) where it does not run. */
-static const mha_decode_isa *avx512_isa(void) {
+/* The table of kernel k, or NULL (skipped) where it does not run. */
+static const mha_decode_isa *simd_isa(mha_kernel k) {
     const mha_decode_isa *isa = NULL;
-    if (mha_decode_isa_for(MHA_KERNEL_AVX512, &isa) != MHA_OK)
+    if (mha_decode_isa_for(k, &isa) != MHA_OK)
         return NULL;
     return isa;
 }
+static const mha_decode_isa *avx512_isa(void) { return simd_isa(MHA_KERNEL_AVX512); }
 
 static const mha_dtype DTYPES[3] = {MHA_F32, MHA_F16, MHA_BF16};
 
@@ -47,10 +52,8 @@ static void *to_dtype(const float *x, int64_t n, mha_dtype dt) {
     return p;
 }
 
-TEST(decode_avx512_qk_matches_f64_dot) {
-    const mha_decode_isa *isa = avx512_isa();
-    if (!isa)
-        SKIP("avx512 decode loops: %s", mha_last_error());
+/* isa->qk against a float64 dot product on every shape and dtype. */
+static void check_qk(const mha_decode_isa *isa, const char *name) {
     static const int64_t ds[] = {1, 15, 16, 17, 40, 128, 300, 520},
                          Gs[] = {1, 2, 3, 4, 5, 8, 9, 16};
     static const int64_t ns[] = {1, 15, 17, 255, 256};
@@ -84,38 +87,54 @@ TEST(decode_avx512_qk_matches_f64_dot) {
                         }
                     free(kh), free(q);
                 }
-    printf("  decode avx512 qk: worst |s - f64 dot| / sum |q k| %.2g\n", worst);
+    printf("  decode %s qk: worst |s - f64 dot| / sum |q k| %.2g\n", name, worst);
     CHECK(worst <= 1e-6);
 }
 
-TEST(decode_avx512_pv_matches_avx2_bitwise) {
+TEST(decode_avx2_qk_matches_f64_dot) {
+    const mha_decode_isa *isa = simd_isa(MHA_KERNEL_AVX2);
+    if (!isa)
+        SKIP("avx2 decode loops: %s", mha_last_error());
+    check_qk(isa, "avx2");
+}
+
+TEST(decode_avx512_qk_matches_f64_dot) {
     const mha_decode_isa *isa = avx512_isa();
     if (!isa)
         SKIP("avx512 decode loops: %s", mha_last_error());
-    const bool avx2 = mha_decode_isa_avx2.pv && mha_cpu_has_avx2_fma();
-    if (!avx2)
-        SKIP_PART("pv bit-identical to avx2: no AVX2+FMA; checked against float64 only");
+    check_qk(isa, "avx512");
+}
+
+/* isa->pv within 1e-6 of float64 on every shape and dtype; a half V's
+ * result bit-identical to that of a float32 V of the same values; with
+ * avx2 (the avx512 table's twin, NULL: none) bit-identical to avx2's where
+ * dv is a multiple of 8. */
+static void check_pv(const mha_decode_isa *isa, const char *name, const mha_decode_isa *avx2) {
     static const int64_t dvs[] = {1, 15, 16, 33, 100, 128, 200}, Gs[] = {1, 2, 3, 4, 5, 8, 9, 16};
     static const int64_t ns[] = {1, 15, 17, 255, 256};
     double worst = 0.0;
-    bool same = true;
+    bool same = true, same_f32 = true;
     for (size_t di = 0; di < sizeof dvs / sizeof *dvs; di++)
         for (size_t gi = 0; gi < sizeof Gs / sizeof *Gs; gi++)
             for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
                 for (int t = 0; t < 3; t++) {
                     const int64_t dv = dvs[di], G = Gs[gi], n = ns[ni];
-                    float *p = malloc(sizeof(float) * (size_t)(G * n + n * dv + 2 * G * dv + 2));
+                    float *p = malloc(sizeof(float) * (size_t)(G * n + 2 * n * dv + 3 * G * dv + 2));
                     REQUIRE(p);
-                    float *v = p + G * n, *a = v + n * dv, *b = a + G * dv + 1;
+                    float *v = p + G * n, *vf = v + n * dv, *a = vf + n * dv, *b = a + G * dv + 1,
+                          *c = b + G * dv;
                     test_randn(p, (size_t)(G * n), 300 + di * 10 + gi);
                     for (int64_t i = 0; i < G * n; i++)
                         p[i] = fabsf(p[i]);
                     test_randn(v, (size_t)(n * dv), 400 + ni);
                     test_randn(a, (size_t)(G * dv), 500); /* acc accumulates onto what is there */
                     memcpy(b, a, sizeof(float) * (size_t)(G * dv));
+                    memcpy(c, a, sizeof(float) * (size_t)(G * dv));
                     a[G * dv] = 42.0f;
                     void *vh = to_dtype(v, n * dv, DTYPES[t]);
                     REQUIRE(vh);
+                    for (int64_t i = 0; i < n * dv; i++) /* the values vh holds, as float32 */
+                        vf[i] = mha_load_f(vh, DTYPES[t], i);
                     /* rows ahead, fewer than the keys (the clamp) */
                     const mha_decode_ahead ahead = {vh, n / 2, (size_t)dv * mha_dtype_size(DTYPES[t])};
                     isa->pv(a, p, vh, DTYPES[t], n, G, dv, &ahead);
@@ -124,22 +143,46 @@ TEST(decode_avx512_pv_matches_avx2_bitwise) {
                         for (int64_t x = 0; x < dv; x++) {
                             double acc = b[g * dv + x], mag = fabs(acc);
                             for (int64_t j = 0; j < n; j++) {
-                                const double y = p[g * n + j] * (double)mha_load_f(vh, DTYPES[t], j * dv + x);
+                                const double y = p[g * n + j] * (double)vf[j * dv + x];
                                 acc += y, mag += fabs(y);
                             }
                             const double e = fabs(a[g * dv + x] - acc) / (mag > 0 ? mag : 1.0);
                             worst = e > worst || isnan(e) ? (isnan(e) ? INFINITY : e) : worst;
                         }
+                    if (DTYPES[t] != MHA_F32) {
+                        const mha_decode_ahead none = {0};
+                        isa->pv(c, p, vf, MHA_F32, n, G, dv, &none);
+                        same_f32 = same_f32 && !memcmp(a, c, sizeof(float) * (size_t)(G * dv));
+                    }
                     if (avx2 && dv % 8 == 0) { /* avx2's scalar column tail: mul + add */
-                        mha_decode_isa_avx2.pv(b, p, vh, DTYPES[t], n, G, dv, &ahead);
+                        avx2->pv(b, p, vh, DTYPES[t], n, G, dv, &ahead);
                         same = same && !memcmp(a, b, sizeof(float) * (size_t)(G * dv));
                     }
                     free(vh), free(p);
                 }
-    printf("  decode avx512 pv: worst |acc - f64| / sum |p v| %.2g%s\n", worst,
+    printf("  decode %s pv: worst |acc - f64| / sum |p v| %.2g, half V %s float32 V%s\n", name,
+           worst, same_f32 ? "bit-identical to" : "DIFFERS from",
            avx2 ? (same ? ", bit-identical to avx2 (dv % 8 == 0)" : ", DIFFERS from avx2") : "");
     CHECK(worst <= 1e-6);
+    CHECK(same_f32);
     CHECK(same);
+}
+
+TEST(decode_avx2_pv_matches_f64_and_float32_v) {
+    const mha_decode_isa *isa = simd_isa(MHA_KERNEL_AVX2);
+    if (!isa)
+        SKIP("avx2 decode loops: %s", mha_last_error());
+    check_pv(isa, "avx2", NULL);
+}
+
+TEST(decode_avx512_pv_matches_avx2_bitwise) {
+    const mha_decode_isa *isa = avx512_isa();
+    if (!isa)
+        SKIP("avx512 decode loops: %s", mha_last_error());
+    const mha_decode_isa *avx2 = simd_isa(MHA_KERNEL_AVX2);
+    if (!avx2)
+        SKIP_PART("pv bit-identical to avx2: no AVX2+FMA; checked against float64 only");
+    check_pv(isa, "avx512", avx2);
 }
 
 /* distance in float ulps between a and b (finite, same sign) */

@@ -366,27 +366,6 @@ TEST(decode_half_append_converts_and_validates_first) {
     mha_kv_cache_free(c);
 }
 
-/* The AVX2 rounding of P equals mha_round_to bit for bit (normals,
- * subnormals, ties, 0, 1, inf, NaN payloads), so a kernel choice changes
- * only the accumulation order. */
-TEST(decode_half_round_p_avx2_matches_scalar) {
-    if (!mha_decode_isa_avx2.round_p || !mha_cpu_has_avx2_fma())
-        SKIP("no AVX2+FMA+F16C build or CPU");
-    enum { N = 4099 };
-    float *x = malloc(sizeof(float) * N * 3);
-    REQUIRE(x);
-    float *a = x + N, *b = a + N;
-    test_rounding_inputs(x, N);
-    const mha_dtype dts[2] = {MHA_BF16, MHA_F16};
-    for (int i = 0; i < 2; i++) {
-        memcpy(a, x, sizeof(float) * N), memcpy(b, x, sizeof(float) * N);
-        mha_decode_isa_scalar.round_p(a, N, dts[i]);
-        mha_decode_isa_avx2.round_p(b, N, dts[i]);
-        CHECK(!memcmp(a, b, sizeof(float) * N));
-    }
-    free(x);
-}
-
 /* Resident memory of a large cache, by its allocation: a bf16 or fp16
  * cache of 32k positions (Hkv 8, d 128) is half the fp32 one. */
 TEST(decode_half_cache_memory_is_half) {

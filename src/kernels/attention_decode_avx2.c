@@ -98,7 +98,7 @@ static inline __attribute__((always_inline)) void qk_pair_chunk(__m256 *a, const
     }
 }
 
-/* s[g*n + j+b] = q[g] . k[j+b] for GN heads and KB keys (GN*KB <= 8
+/* s[g*n + j+b] = q[g] . k[j+b] for GN heads and KB keys (GN*KB <= 12
  * independent FMA chains, enough to cover the FMA latency): each 8-element
  * chunk of a key row is loaded (and widened) once for the GN heads.
  * qs (GN, dqs) non-NULL (a bf16 cache): q's first dqs elements split into
@@ -110,9 +110,9 @@ static inline __attribute__((always_inline)) void qk_tile(float *s, const float 
                                                           int64_t d, int64_t j, const int GN,
                                                           const int KB) {
     const int64_t d8 = d & ~(int64_t)7;
-    __m256 a[8], kv[8];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++)
+    __m256 a[16], kv[8]; /* a[12, 16): zeros for the second hsum8 */
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
         a[i] = _mm256_setzero_ps();
     int64_t x = 0;
     if (dt == MHA_BF16 && qs)
@@ -130,8 +130,10 @@ static inline __attribute__((always_inline)) void qk_tile(float *s, const float 
                 a[g * KB + b] = _mm256_fmadd_ps(qv, kv[b], a[g * KB + b]);
         }
     }
-    float r[8];
+    float r[16];
     _mm256_storeu_ps(r, hsum8(a));
+    if (GN * KB > 8)
+        _mm256_storeu_ps(r + 8, hsum8(a + 8));
     for (int g = 0; g < GN; g++)
         for (int b = 0; b < KB; b++) {
             float dot = r[g * KB + b];
@@ -166,7 +168,13 @@ static inline __attribute__((always_inline)) void qk_heads(float *s, const float
  * the stack; a longer head dim takes its first 512 elements in pairs. */
 enum { QS_MAX = 512 };
 
-/* Heads in blocks of up to 4, keys in tiles so that 8 chains run. */
+/* Heads in blocks of up to 4, keys in tiles so that 8 chains run (12 for
+ * 4 heads: 3 keys a tile, where 2 left the two FMA pipes waiting;
+ * `build/decode_loops 256 G 128 avx2`, best of 8 alternated runs on Zen 3,
+ * GB/s of K at G = 4: float32 22.4 -> 29.1, bf16 12.9 -> 14.9, fp16 10.6 ->
+ * 12.2; at G = 8 (two blocks of 4) 11.7 -> 14.1, 6.1 -> 7.4, 5.1 -> 6.0.
+ * 12 chains at G = 1-3 (tiles of 12, 6, 4 keys) measured slower or mixed:
+ * 16 registers no longer hold the chains, the key chunks and q). */
 static inline __attribute__((always_inline)) void qk_avx2_dt(float *s, const float *q,
                                                              const void *k, mha_dtype dt,
                                                              int64_t n, int64_t G, int64_t d,
@@ -192,7 +200,7 @@ static inline __attribute__((always_inline)) void qk_avx2_dt(float *s, const flo
         case 1: qk_heads(sg, qg, qsg, dqs, k, dt, n, d, ah, 1, 8); break;
         case 2: qk_heads(sg, qg, qsg, dqs, k, dt, n, d, ah, 2, 4); break;
         case 3: qk_heads(sg, qg, qsg, dqs, k, dt, n, d, ah, 3, 2); break;
-        default: qk_heads(sg, qg, qsg, dqs, k, dt, n, d, ah, 4, 2); break;
+        default: qk_heads(sg, qg, qsg, dqs, k, dt, n, d, ah, 4, 3); break;
         }
     }
 }

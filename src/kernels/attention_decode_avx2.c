@@ -73,6 +73,12 @@ static inline __m256 hsum8(const __m256 *a) {
                          _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+/* r[i] = the sum of the 8 lanes of a[i], i < 4. */
+static inline __m128 hsum4(const __m256 *a) {
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
 /* A bf16 chunk of 16 elements [x, x + 16) of d: a[g*KB + b] += the even
  * elements' products, then the odd ones' (qs: q split the same way, see
  * qk_avx2_dt), each key's 32 bytes loaded once per half. */
@@ -110,9 +116,9 @@ static inline __attribute__((always_inline)) void qk_tile(float *s, const float 
                                                           int64_t d, int64_t j, const int GN,
                                                           const int KB) {
     const int64_t d8 = d & ~(int64_t)7;
-    __m256 a[16], kv[8]; /* a[12, 16): zeros for the second hsum8 */
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; i++)
+    __m256 a[12], kv[8];
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++)
         a[i] = _mm256_setzero_ps();
     int64_t x = 0;
     if (dt == MHA_BF16 && qs)
@@ -130,10 +136,10 @@ static inline __attribute__((always_inline)) void qk_tile(float *s, const float 
                 a[g * KB + b] = _mm256_fmadd_ps(qv, kv[b], a[g * KB + b]);
         }
     }
-    float r[16];
+    float r[12];
     _mm256_storeu_ps(r, hsum8(a));
     if (GN * KB > 8)
-        _mm256_storeu_ps(r + 8, hsum8(a + 8));
+        _mm_storeu_ps(r + 8, hsum4(a + 8));
     for (int g = 0; g < GN; g++)
         for (int b = 0; b < KB; b++) {
             float dot = r[g * KB + b];

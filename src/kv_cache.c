@@ -286,7 +286,7 @@ typedef struct decode_args {
     const float *q;          /* (B,Hq,d) contiguous, rotated and pre-scaled */
     int64_t Hq, G, len, nsplit;
     int64_t tasks;           /* B*Hkv*nsplit splits, task t = (b, hk, split) */
-    bool ask_ahead;          /* K and V past MHA_DECODE_AHEAD_MIN_BYTES      */
+    bool ask_ahead;          /* K and V >= MHA_DECODE_AHEAD_MIN_BYTES        */
     float softcap;
     const mha_tensor *alibi; /* (Hq) or data NULL */
     float *part;             /* (B,Hkv,nsplit,G,dv+2): acc, m, l            */
@@ -470,7 +470,7 @@ static mha_status decode_splits(mha_tensor *out, float *q, const mha_kv_cache *c
     MHA_TRY(mha_decode_isa_for(kr, &isa));
     const double bytes = (double)(B * c->Hkv * len) * (double)(d + dv) * (double)c->es;
     decode_args a = {c, isa, q, Hq, G, len, nsplit, B * c->Hkv * nsplit,
-                     bytes > MHA_DECODE_AHEAD_MIN_BYTES, p->softcap, &p->alibi, work};
+                     bytes >= MHA_DECODE_AHEAD_MIN_BYTES, p->softcap, &p->alibi, work};
     float *scratch = work + a.tasks * G * (dv + 2);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t t = 0; t < a.tasks; t++) {

@@ -45,8 +45,12 @@ static inline __attribute__((always_inline)) void mha_decode_touch_lines(const v
  * read bandwidth), bf16 9.5 -> 7.5, fp16 9.5 -> 7.7; S 16384: 0.83-0.91x
  * the time.  Where the step's K and V are in the last-level cache the
  * requests only cost instructions (S 2048-8192: 1.0-1.08x the time), so
- * the step asks only when it reads more than MHA_DECODE_AHEAD_MIN_BYTES.
- * The scalar loops ignore it.  No value depends on it. */
+ * the step asks only when it reads at least MHA_DECODE_AHEAD_MIN_BYTES: a
+ * K and V as large as the whole LLC do not stay in it (on Zen 3, 32 MiB
+ * of L3, asking made float32 S 4096 and bf16 S 8192, 32 MiB each, 0.83x
+ * and 0.98x the time, medians of 11-15 alternated runs; at 16 MiB it was
+ * level within the noise).  The scalar loops ignore it.  No value depends
+ * on it. */
 enum { MHA_DECODE_AHEAD_MIN_BYTES = 32 << 20 }; /* 32 MiB: the smallest LLC of the
                                                   server cores we run on (a Zen 4
                                                   CCD); a VM's reported L3 is the

@@ -79,8 +79,8 @@ static void usage(FILE *f) {
             "after validating each kernel against the reference kernel.\n"
             "Without a shape: a default grid (L 128..16384, d 64/128, H 8..16, B 1..8).\n"
             "  --kernel K   default: the fastest kernel of this CPU; all: every one it runs\n"
-            "  --reps N     timed runs per case (median reported) after 0.2 s of\n"
-            "               warm-up runs, default 5\n"
+            "  --reps N     timed runs per case after 0.2 s of warm-up runs, default\n"
+            "               5; the median reported (the JSON's ms_min: the fastest)\n"
             "  --json       one JSON object per case and kernel per line\n"
             "  --backward   time the backward beside the forward of the same case and\n"
             "               kernel (ops attention_bwd, with --mha mha_bwd): bwd and fwd\n"
@@ -153,14 +153,17 @@ void cli_bench_settle(void) {
 }
 
 /* Runs fn reps times after the caller's warm-up (one run of first_ms) and
- * more warm-up runs up to WARM_MS in all; returns the median in ms.  The
+ * more warm-up runs up to WARM_MS in all; returns the median in ms and
+ * sets *min_ms to the fastest run (on a shared host the least disturbed:
+ * load only ever adds time).  The
  * first calls of a case pay for fresh workspace pages (a page fault per 4
  * KiB) until malloc reuses its freed blocks: 9 calls with aligned_alloc,
  * 2 since mha_malloc (src/alloc.c; docs/performance.md, "fifth visit").
  * The warm-up is by time, so short cases get many runs and long ones one. */
 enum { WARM_MS = 200 };
 typedef mha_status (*run_fn)(void *ctx);
-static double time_median(run_fn fn, void *ctx, int reps, double first_ms) {
+static double time_median(run_fn fn, void *ctx, int reps, double first_ms, double *min_ms) {
+    *min_ms = NAN;
     if (first_ms > 0 && reps > 3 && first_ms * reps > 4000.0)
         reps = 3; /* long cases: three runs suffice for a median */
     double *t = malloc(sizeof(double) * (size_t)reps);
@@ -175,24 +178,26 @@ static double time_median(run_fn fn, void *ctx, int reps, double first_ms) {
     }
     qsort(t, (size_t)reps, sizeof *t, cmp_double);
     double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+    *min_ms = t[0];
     free(t);
     return med;
 }
 
 /* One JSON (or text) line per case and kernel.  fwd_ms NaN: a forward op
- * (ms its time); else a backward op (ms the backward's, fwd_ms the
+ * (ms its time, ms_min its fastest run: JSON only); else a backward op (ms the backward's, fwd_ms the
  * forward's of the same case and kernel, and their ratio).  flops: of the
  * op timed in ms.  bytes > 0 adds GB/s.  err NaN: not validated (null). */
 static void emit(const bench_cfg *cfg, const char *op, const char *kernel, const bench_case *c,
-                 double ms, double fwd_ms, double flops, double bytes, double err) {
+                 double ms, double ms_min, double fwd_ms, double flops, double bytes,
+                 double err) {
     const bool bwd = !isnan(fwd_ms);
     const double gf = flops / (ms * 1e6), peak = peak_for(cfg->threads);
     int threads = cfg->threads > 0 ? cfg->threads : mha_get_num_threads();
     if (cfg->json) {
         printf("{\"op\":\"%s\",\"kernel\":\"%s\",\"dtype\":\"%s\",\"B\":%lld,\"H\":%lld,\"Hkv\":%lld,\"L\":%lld,"
-               "\"S\":%lld,\"d\":%lld,\"causal\":%s,\"threads\":%d,\"ms\":%.4f",
+               "\"S\":%lld,\"d\":%lld,\"causal\":%s,\"threads\":%d,\"ms\":%.4f,\"ms_min\":%.4f",
                op, kernel, cli_dtype_name(cfg->dtype), (long long)c->B, (long long)c->H, (long long)c->Hkv, (long long)c->L,
-               (long long)c->S, (long long)c->d, c->causal ? "true" : "false", threads, ms);
+               (long long)c->S, (long long)c->d, c->causal ? "true" : "false", threads, ms, ms_min);
         if (bwd)
             printf(",\"fwd_ms\":%.4f,\"ratio\":%.3f", fwd_ms, ms / fwd_ms);
         printf(",\"gflops\":%.2f,\"peak_gflops\":%.1f,\"max_err\":", gf, peak);
@@ -265,10 +270,11 @@ static int bench_kernels(const bench_cfg *cfg, const bench_case *c, const bench_
         }
         if (op->before_timing)
             op->before_timing(op->ctx);
-        double ms = time_median(op->fwd, op->ctx, cfg->reps, first[0]), fwd_ms = NAN;
+        double ms_min, ms = time_median(op->fwd, op->ctx, cfg->reps, first[0], &ms_min);
+        double fwd_ms = NAN;
         if (op->bwd)
-            fwd_ms = ms, ms = time_median(op->bwd, op->ctx, cfg->reps, first[1]);
-        emit(cfg, op->op, mha_kernel_name(k), c, ms, fwd_ms, op->flops, op->bytes,
+            fwd_ms = ms, ms = time_median(op->bwd, op->ctx, cfg->reps, first[1], &ms_min);
+        emit(cfg, op->op, mha_kernel_name(k), c, ms, ms_min, fwd_ms, op->flops, op->bytes,
              checked ? err : NAN);
         if (op->after)
             op->after(op->ctx);

@@ -8,12 +8,19 @@
  * es * 2 * B*Hkv*S*d (K and V in the storage dtype of es bytes, read once:
  * GQA groups share them) + 4 * 2 * B*H*d (q in, out); gbps = bytes / time.
  * FLOPs = 4*B*H*S*d.  read_gbps: the machine's read bandwidth measured on a
- * buffer of the cache's size with the same threads (a sum of 64-bit words,
- * median of --reps passes); bw_frac = gbps / read_gbps.  The output is
- * validated against the reference decode (MHA_KERNEL_REF: float64 over the
- * cache in position order, P unrounded, so a half cache differs by the
- * rounding of P: bound 1e-4 for f32, 2e-3 f16, 1e-2 bf16) before timing;
- * the time is the median of --reps steps after one warm-up.
+ * buffer of the cache's size with the same threads (a sum of 64-bit words).
+ * The output is validated against the reference decode (MHA_KERNEL_REF:
+ * float64 over the cache in position order, P unrounded, so a half cache
+ * differs by the rounding of P: bound 1e-4 for f32, 2e-3 f16, 1e-2 bf16)
+ * before timing.
+ * Timing: --reps pairs after one warm-up of each, a read pass then a step.
+ * Each step thus finds K and V out of the caches, as in a model's decode
+ * loop, where the other layers' weights stream through them between two
+ * steps of one layer; and each step's bandwidth is compared with a read
+ * pass of the same moment, where a shared host's rate moves by 2-5x within
+ * a run (docs/performance.md, "third visit").  ms: the median step, ms_min
+ * the fastest; read_gbps: from the median read pass; bw_frac: the median
+ * over the pairs of the step's GB/s over its read pass's.
  */
 #include "cli.h"
 
@@ -38,40 +45,43 @@ static void usage(FILE *f) {
     fprintf(f, "usage: mha bench --decode [--batch B] [--heads H] [--kv-heads Hkv]\n"
                "                 [--kv-seq S[,S...]] [--head-dim d] [--threads N] [--reps N]\n"
                "                 [--kernel ref|scalar|avx2|avx512|auto] [--dtype f32|bf16|f16] [--json]\n"
-               "op \"decode\": one token against S cached keys; prints ms, GB/s of K/V read\n"
-               "(and q/out), GFLOP/s, the measured read bandwidth and the fraction of it\n"
-               "reached, the error against the reference.  --dtype: the cache's storage.\n"
+               "op \"decode\": one token against S cached keys; prints ms (the median step;\n"
+               "min: the fastest), GB/s of K/V read (and q/out), GFLOP/s, the read bandwidth\n"
+               "of a plain read pass (at least 256 MiB) run before each step, which leaves\n"
+               "K and V out of the caches, and the fraction of it reached (the median over\n"
+               "the pairs), the error against the reference.  --dtype: the cache's storage.\n"
                "Defaults: B=1 H=32 Hkv=8 d=128 S=1024,4096,16384 (the GQA shape of an 8B\n"
                "model), f32.\n");
 }
 
+/* The fewest bytes a read pass reads: more than any last-level cache we
+ * run on holds (32 MiB on a Zen 3 or Zen 4 CCD, up to about 100 MiB on a
+ * Xeon), so that each pass leaves the step's K and V out of the caches and
+ * reads memory, not a cache, whatever the size of the cache. */
+enum { PROBE_MIN_BYTES = 256 << 20 };
+
 static volatile uint64_t read_sink; /* keeps the reads of read_gbps */
 
-/* GB/s of reading n bytes (a multiple of 8) with `threads` threads: the
- * median of reps passes summing 64-bit words (4 chains; integer adds keep
- * up with memory). */
-static double read_gbps(const uint64_t *w, size_t n, int reps, int threads) {
+/* Seconds of one pass reading n bytes (a multiple of 32) with `threads`
+ * threads: a sum of 64-bit words in 4 chains (integer adds keep up with
+ * memory). */
+static double read_pass(const uint64_t *w, size_t n, int threads) {
     const size_t words = n / 8;
-    double *t = malloc(sizeof(double) * (size_t)(reps + 1));
-    if (!t)
-        return 0.0;
-    uint64_t total = 0;
-    (void)threads;
-    for (int r = 0; r <= reps; r++) { /* pass 0 warms up */
-        double t0 = now_s();
-        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    const double t0 = now_s();
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : s0, s1, s2, s3)
-        for (size_t i = 0; i < words / 4; i++) {
-            s0 += w[4 * i], s1 += w[4 * i + 1], s2 += w[4 * i + 2], s3 += w[4 * i + 3];
-        }
-        t[r] = now_s() - t0;
-        total += s0 + s1 + s2 + s3;
+    for (size_t i = 0; i < words / 4; i++) {
+        s0 += w[4 * i], s1 += w[4 * i + 1], s2 += w[4 * i + 2], s3 += w[4 * i + 3];
     }
-    read_sink = total;
-    qsort(t + 1, (size_t)reps, sizeof *t, cmp_double);
-    const double gbps = (double)(words / 4 * 32) / (t[1 + reps / 2] * 1e9);
-    free(t);
-    return gbps;
+    const double t = now_s() - t0;
+    read_sink += s0 + s1 + s2 + s3;
+    return t;
+}
+
+/* The median of x (n > 0), sorting it. */
+static double median(double *x, int n) {
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
 static int run_case(int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t d, int reps,
@@ -112,43 +122,48 @@ static int run_case(int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t d, int
         double e = fabs((double)((float *)o.data)[x] - (double)((float *)r.data)[x]);
         err = e > err ? e : err;
     }
-    double *t = malloc(sizeof(double) * (size_t)reps);
-    if (!t) {
-        rc = CLI_INTERNAL;
-        goto done;
-    }
-    for (int i = 0; i < reps; i++) {
-        double t0 = now_s();
-        mha_attention_decode(&o, &q, c, &opt);
-        t[i] = now_s() - t0;
-    }
-    qsort(t, (size_t)reps, sizeof *t, cmp_double);
-    const double ms = 1e3 * t[reps / 2];
-    free(t);
     const double cache_bytes = (double)mha_dtype_size(dtype) * 2.0 * (double)(B * Hkv * S * d);
     const double bytes = cache_bytes + 4.0 * 2.0 * (double)(B * H * d);
-    const double gbps = bytes / (ms * 1e6), gf = 4.0 * (double)(B * H * S * d) / (ms * 1e6);
-    uint64_t *w = malloc((size_t)cache_bytes + 8);
-    double rgbps = 0.0;
-    if (w) { /* the read bandwidth over as many bytes as the cache */
-        memset(w, 1, (size_t)cache_bytes + 8);
-        rgbps = read_gbps(w, (size_t)cache_bytes, reps, threads);
-        free(w);
+    const size_t probe_bytes =
+        (cache_bytes > PROBE_MIN_BYTES ? (size_t)cache_bytes + 31 : PROBE_MIN_BYTES) / 32 * 32;
+    /* step times, read-pass times, their paired bandwidth fractions */
+    double *t = malloc(sizeof(double) * 3 * (size_t)reps);
+    uint64_t *w = malloc(probe_bytes);
+    if (!t || !w) {
+        free(t), free(w);
+        rc = cli_fail("bench", MHA_ERR_NOMEM, "decode: the timing buffers");
+        goto done;
     }
+    double *tr = t + reps, *frac = tr + reps;
+    memset(w, 1, probe_bytes);
+    read_pass(w, probe_bytes, threads); /* warm-up; the step's was the validated run */
+    for (int i = 0; i < reps; i++) {
+        tr[i] = read_pass(w, probe_bytes, threads);
+        const double t0 = now_s();
+        mha_attention_decode(&o, &q, c, &opt);
+        t[i] = now_s() - t0;
+        frac[i] = (bytes / t[i]) / ((double)probe_bytes / tr[i]);
+    }
+    free(w);
+    const double ms = 1e3 * median(t, reps), ms_min = 1e3 * t[0]; /* t sorted */
+    const double rgbps = (double)probe_bytes / (median(tr, reps) * 1e9);
+    const double bw_frac = median(frac, reps);
+    free(t);
+    const double gbps = bytes / (ms * 1e6), gf = 4.0 * (double)(B * H * S * d) / (ms * 1e6);
     const char *kn = mha_kernel_name(mha_kernel_resolve(kernel));
     const char *dn = dtype == MHA_BF16 ? "bf16" : dtype == MHA_F16 ? "f16" : "f32";
     if (json)
         printf("{\"op\":\"decode\",\"kernel\":\"%s\",\"dtype\":\"%s\",\"B\":%lld,\"H\":%lld,"
-               "\"Hkv\":%lld,\"L\":1,\"S\":%lld,\"d\":%lld,\"threads\":%d,\"ms\":%.4f,"
+               "\"Hkv\":%lld,\"L\":1,\"S\":%lld,\"d\":%lld,\"threads\":%d,\"ms\":%.4f,\"ms_min\":%.4f,"
                "\"gbps\":%.2f,\"gflops\":%.2f,\"read_gbps\":%.2f,\"bw_frac\":%.3f,"
                "\"max_err\":%.3g}\n",
                kn, dn, (long long)B, (long long)H, (long long)Hkv, (long long)S, (long long)d,
-               threads, ms, gbps, gf, rgbps, rgbps > 0 ? gbps / rgbps : 0.0, err);
+               threads, ms, ms_min, gbps, gf, rgbps, bw_frac, err);
     else
         printf("decode %-6s %-4s B=%-2lld H=%-2lld Hkv=%-2lld S=%-6lld d=%-3lld t=%d %9.3f ms "
-               "%7.2f GB/s %7.1f GFLOP/s  read %6.2f GB/s (%3.0f%%)  err %.2g\n",
+               "(min %.3f) %7.2f GB/s %7.1f GFLOP/s  read %6.2f GB/s (%3.0f%%)  err %.2g\n",
                kn, dn, (long long)B, (long long)H, (long long)Hkv, (long long)S, (long long)d,
-               threads, ms, gbps, gf, rgbps, rgbps > 0 ? 100.0 * gbps / rgbps : 0.0, err);
+               threads, ms, ms_min, gbps, gf, rgbps, 100.0 * bw_frac, err);
     fflush(stdout);
     const double tol = dtype == MHA_BF16 ? 1e-2 : dtype == MHA_F16 ? 2e-3 : 1e-4;
     if (!(err <= tol)) {

@@ -14,9 +14,12 @@ ko() { fail=$((fail + 1)); echo "FAIL: $*"; }
 [ $? -eq 0 ] && ok || ko "bench all kernels: $(cat "$T/err")"
 n=$(grep -c '^{"op":"attention"' "$T/out")
 [ "$n" -ge 2 ] && ok || ko "want a JSON line per kernel, got $n"
-for f in op kernel B H Hkv L S d causal threads ms gflops peak_gflops max_err; do
+for f in op kernel B H Hkv L S d causal threads ms ms_min gflops peak_gflops max_err; do
     grep -q "\"$f\":" "$T/out" && ok || ko "field $f missing"
 done
+sed -n 's/.*"ms":\([0-9.]*\),"ms_min":\([0-9.]*\),.*/\1 \2/p' "$T/out" |
+    awk '$2 > $1 || $2 <= 0 { bad = 1 } END { exit bad || NR < 2 }' && ok ||
+    ko "ms_min not the fastest of the runs: $(head -1 "$T/out")"
 grep -q '"causal":true' "$T/out" && grep -q '"Hkv":2' "$T/out" && grep -q '"threads":2' "$T/out" \
     && ok || ko "values: $(head -1 "$T/out")"
 grep -q '"kernel":"ref"' "$T/out" && grep -q '"kernel":"scalar"' "$T/out" && ok || ko "kernels"

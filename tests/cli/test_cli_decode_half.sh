@@ -12,6 +12,13 @@ for dt in bf16 f16 f32; do
         else ko "bench --decode --dtype $dt --kernel $k: $(cat "$T/out" "$T/err")"; fi
     done
 done
+# ms the median of the steps, ms_min the fastest, bw_frac each step's rate
+# over the read pass before it (a median over the pairs)
+"$MHA" bench --decode --kv-seq 300 --heads 6 --kv-heads 2 --head-dim 24 --reps 5 --json \
+    >"$T/out" 2>"$T/err"
+sed -n 's/.*"ms":\([0-9.]*\),"ms_min":\([0-9.]*\),.*"bw_frac":\([0-9.]*\),.*/\1 \2 \3/p' "$T/out" |
+    awk '{ exit !(NF == 3 && $2 > 0 && $2 <= $1 && $3 > 0) }' && ok ||
+    ko "decode ms_min/bw_frac: $(cat "$T/out" "$T/err")"
 "$MHA" bench --decode --dtype f64 >"$T/out" 2>"$T/err"
 [ $? -eq 2 ] && grep -q "dtype: 'f64' is not f32, bf16 or f16" "$T/err" && [ ! -s "$T/out" ] && ok ||
     ko "--dtype f64 accepted: $(cat "$T/err")"

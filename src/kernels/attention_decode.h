@@ -39,22 +39,21 @@ static inline __attribute__((always_inline)) void mha_decode_touch_lines(const v
  * rows of the thread's next split, so the memory is kept busy through the
  * softmax and the turn from K to V, where each stream had waited on its
  * first misses.  Measured on the Intel Xeon (H 32, Hkv 8, d 128, S 32768,
- * 2 threads, docs/performance.md, "Intel Xeon with AMX, third
- * visit"), medians of 5
- * alternated runs: float32 15.1 -> 13.4 ms (0.75 -> 0.82 of the measured
- * read bandwidth), bf16 9.5 -> 7.5, fp16 9.5 -> 7.7; S 16384: 0.83-0.91x
- * the time.  Where the step's K and V are in the last-level cache the
- * requests only cost instructions (S 2048-8192: 1.0-1.08x the time), so
- * the step asks only when it reads at least MHA_DECODE_AHEAD_MIN_BYTES: a
- * K and V as large as the whole LLC do not stay in it (on Zen 3, 32 MiB
- * of L3, asking made float32 S 4096 and bf16 S 8192, 32 MiB each, 0.83x
- * and 0.98x the time, medians of 11-15 alternated runs; at 16 MiB it was
- * level within the noise).  The scalar loops ignore it.  No value depends
- * on it. */
-enum { MHA_DECODE_AHEAD_MIN_BYTES = 32 << 20 }; /* 32 MiB: the smallest LLC of the
-                                                  server cores we run on (a Zen 4
-                                                  CCD); a VM's reported L3 is the
-                                                  host's, not its share */
+ * 2 threads, docs/performance.md, "Intel Xeon with AMX, third visit"),
+ * medians of 5 alternated runs: float32 15.1 -> 13.4 ms (0.75 -> 0.82 of
+ * the measured read bandwidth), bf16 9.5 -> 7.5, fp16 9.5 -> 7.7; S 16384:
+ * 0.83-0.91x the time.  The requests only cost instructions where K and V
+ * are in the last-level cache (1.0-1.08x the time at S 2048-8192 when
+ * `mha bench --decode` still ran the steps back to back), which a model's
+ * decode loop does not see: between two steps of one layer every other
+ * layer's weights and cache stream through.  With each step after a
+ * 256 MiB read pass (the bench since the Zen 3's fourth visit), asking
+ * took float32 S 1024 and 2048 (8 and 16 MiB) 0.90x and 0.89x the time and
+ * bf16 S 4096 (16 MiB) 0.94x, and was level for bf16 from 4 to 8 MiB
+ * (medians of 5-7 alternated runs), hence the bound: the step asks from
+ * MHA_DECODE_AHEAD_MIN_BYTES of K and V on.  The scalar loops ignore it.
+ * No value depends on it. */
+enum { MHA_DECODE_AHEAD_MIN_BYTES = 8 << 20 }; /* 8 MiB: below it, level within the noise */
 typedef struct mha_decode_ahead {
     const void *p;
     int64_t n;

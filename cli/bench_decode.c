@@ -8,7 +8,8 @@
  * es * 2 * B*Hkv*S*d (K and V in the storage dtype of es bytes, read once:
  * GQA groups share them) + 4 * 2 * B*H*d (q in, out); gbps = bytes / time.
  * FLOPs = 4*B*H*S*d.  read_gbps: the machine's read bandwidth measured on a
- * buffer of the cache's size with the same threads (a sum of 64-bit words).
+ * buffer of the cache's size, and at least PROBE_MIN_BYTES, with the same
+ * threads (a sum of 64-bit words).
  * The output is validated against the reference decode (MHA_KERNEL_REF:
  * float64 over the cache in position order, P unrounded, so a half cache
  * differs by the rounding of P: bound 1e-4 for f32, 2e-3 f16, 1e-2 bf16)
@@ -18,9 +19,10 @@
  * loop, where the other layers' weights stream through them between two
  * steps of one layer; and each step's bandwidth is compared with a read
  * pass of the same moment, where a shared host's rate moves by 2-5x within
- * a run (docs/performance.md, "third visit").  ms: the median step, ms_min
- * the fastest; read_gbps: from the median read pass; bw_frac: the median
- * over the pairs of the step's GB/s over its read pass's.
+ * a run (docs/performance.md, "AMD EPYC Zen 3, AVX2 only, fourth visit").
+ * ms: the median step, ms_min the fastest; read_gbps: from the median read
+ * pass; bw_frac: the median over the pairs of the step's GB/s over its read
+ * pass's.
  */
 #include "cli.h"
 

@@ -105,6 +105,11 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+double cli_median(double *x, int n) {
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
 static void fill(float *x, size_t n, uint64_t seed, float amp) {
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
     for (size_t i = 0; i < n; i++) {
@@ -155,10 +160,10 @@ void cli_bench_settle(void) {
 /* Runs fn reps times after the caller's warm-up (one run of first_ms) and
  * more warm-up runs up to WARM_MS in all; returns the median in ms and
  * sets *min_ms to the fastest run (on a shared host the least disturbed:
- * load only ever adds time).  The
- * first calls of a case pay for fresh workspace pages (a page fault per 4
- * KiB) until malloc reuses its freed blocks: 9 calls with aligned_alloc,
- * 2 since mha_malloc (src/alloc.c; docs/performance.md, "fifth visit").
+ * load only ever adds time).  The first calls of a case pay for fresh
+ * workspace pages (a page fault per 4 KiB) until malloc reuses its freed
+ * blocks: 9 calls with aligned_alloc, 2 since mha_malloc (src/alloc.c;
+ * docs/performance.md, "fifth visit").
  * The warm-up is by time, so short cases get many runs and long ones one. */
 enum { WARM_MS = 200 };
 typedef mha_status (*run_fn)(void *ctx);
@@ -176,17 +181,17 @@ static double time_median(run_fn fn, void *ctx, int reps, double first_ms, doubl
         fn(ctx);
         t[r] = now_ms() - t0;
     }
-    qsort(t, (size_t)reps, sizeof *t, cmp_double);
-    double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
-    *min_ms = t[0];
+    const double med = cli_median(t, reps);
+    *min_ms = t[0]; /* sorted */
     free(t);
     return med;
 }
 
 /* One JSON (or text) line per case and kernel.  fwd_ms NaN: a forward op
- * (ms its time, ms_min its fastest run: JSON only); else a backward op (ms the backward's, fwd_ms the
- * forward's of the same case and kernel, and their ratio).  flops: of the
- * op timed in ms.  bytes > 0 adds GB/s.  err NaN: not validated (null). */
+ * (ms its time); else a backward op (ms the backward's, fwd_ms the
+ * forward's of the same case and kernel, and their ratio).  ms_min: the
+ * fastest run of the op timed in ms (JSON only).  flops: of the op timed
+ * in ms.  bytes > 0 adds GB/s.  err NaN: not validated (null). */
 static void emit(const bench_cfg *cfg, const char *op, const char *kernel, const bench_case *c,
                  double ms, double ms_min, double fwd_ms, double flops, double bytes,
                  double err) {

@@ -38,11 +38,6 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static void usage(FILE *f) {
     fprintf(f, "usage: mha bench --decode [--batch B] [--heads H] [--kv-heads Hkv]\n"
                "                 [--kv-seq S[,S...]] [--head-dim d] [--threads N] [--reps N]\n"
@@ -78,12 +73,6 @@ static double read_pass(const uint64_t *w, size_t n, int threads) {
     const double t = now_s() - t0;
     read_sink += s0 + s1 + s2 + s3;
     return t;
-}
-
-/* The median of x (n > 0), sorting it. */
-static double median(double *x, int n) {
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
 static int run_case(int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t d, int reps,
@@ -147,9 +136,9 @@ static int run_case(int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t d, int
         frac[i] = (bytes / t[i]) / ((double)probe_bytes / tr[i]);
     }
     free(w);
-    const double ms = 1e3 * median(t, reps), ms_min = 1e3 * t[0]; /* t sorted */
-    const double rgbps = (double)probe_bytes / (median(tr, reps) * 1e9);
-    const double bw_frac = median(frac, reps);
+    const double ms = 1e3 * cli_median(t, reps), ms_min = 1e3 * t[0]; /* t sorted */
+    const double rgbps = (double)probe_bytes / (cli_median(tr, reps) * 1e9);
+    const double bw_frac = cli_median(frac, reps);
     free(t);
     const double gbps = bytes / (ms * 1e6), gf = 4.0 * (double)(B * H * S * d) / (ms * 1e6);
     const char *kn = mha_kernel_name(mha_kernel_resolve(kernel));

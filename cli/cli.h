@@ -20,6 +20,9 @@ int cli_bench_decode(int argc, char **argv);
 /* Waits, once per process, until the threads OpenBLAS starts at load have
  * stopped spinning (cli/bench.c), so that timings are of the steady state. */
 void cli_bench_settle(void);
+/* The median of x (n > 0), sorting x in place (ascending: x[0] is the
+ * least); the benchmarks' one median (cli/bench.c). */
+double cli_median(double *x, int n);
 int cli_viz(int argc, char **argv);
 /* `mha grad` (cli/grad.c); `mha grad --layer ...` goes to cli_grad_layer
  * (cli/grad_layer.c). */
